@@ -1,0 +1,96 @@
+"""What goes to a model and what comes back.
+
+Messages are plain wire-shape dicts (`{"role", "content", "toolCalls"?, ...}`), the same objects
+that checkpoint history holds; the runtime never mutates one after it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Message = dict[str, Any]
+
+# Keys that belong to the record but never reach a provider (CHECKPOINT.md D9).
+_RECORD_ONLY_KEYS = ("injectedBy",)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    args: Mapping[str, Any]
+    provider_meta: Mapping[str, Any] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"id": self.id, "name": self.name, "args": dict(self.args)}
+        if self.provider_meta is not None:
+            wire["providerMeta"] = dict(self.provider_meta)
+        return wire
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResponse:
+    content: str = ""
+    tool_calls: Sequence[ToolCall] = ()
+    usage: Mapping[str, Any] | None = None
+    stop_reason: str | None = None
+    # Anthropic thinking blocks, wire shape ({type, content, signature?, ...}); echoed back as-is.
+    thinking_blocks: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LLMRequest:
+    system_prompt: str
+    messages: list[Message]
+    tools: list[dict[str, Any]]
+    model: str
+    # Run metadata for providers that want it (tracing headers); not part of to_dict().
+    run_id: str = field(default="", compare=False)
+    iteration: int = field(default=0, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reference runtime's request shape: {systemPrompt, messages, tools, model}."""
+        return {
+            "systemPrompt": self.system_prompt,
+            "messages": self.messages,
+            "tools": self.tools,
+            "model": self.model,
+        }
+
+
+@runtime_checkable
+class LLMProvider(Protocol):
+    name: str
+
+    def complete(self, request: LLMRequest) -> LLMResponse: ...
+
+
+def request_messages(history: Sequence[Message]) -> list[Message]:
+    """History as the model sees it: ephemeral messages and record-only keys left out."""
+    out: list[Message] = []
+    for message in history:
+        if message.get("ephemeral") is True:
+            continue
+        if any(key in message for key in _RECORD_ONLY_KEYS):
+            message = {k: v for k, v in message.items() if k not in _RECORD_ONLY_KEYS}
+        out.append(message)
+    return out
+
+
+def user_message(content: str) -> Message:
+    return {"role": "user", "content": content}
+
+
+def assistant_message(response: LLMResponse) -> Message:
+    message: Message = {"role": "assistant", "content": response.content}
+    if response.tool_calls:
+        message["toolCalls"] = [call.to_wire() for call in response.tool_calls]
+    if response.thinking_blocks:
+        message["thinkingBlocks"] = [dict(block) for block in response.thinking_blocks]
+    return message
+
+
+def tool_message(call_id: str, tool_name: str, content: str) -> Message:
+    return {"role": "tool", "content": content, "toolCallId": call_id, "toolName": tool_name}
