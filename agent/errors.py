@@ -8,7 +8,7 @@
     ├── ConversationMismatchError   a named agent continuing another named agent's conversation
     ├── MessageDeniedError          the input middleware chain denied the message
     ├── RunCheckpointError          a run failed; .checkpoint resumes it, .cause is the failure
-    ├── ToolAbort                   raised by a tool to fail the run instead of reporting to the model
+    ├── ToolAbort                   a tool's way to fail the run instead of telling the model
     └── ProviderError               a model call failed (.status, .retry_after_s)
         ├── ProviderHTTPError       the provider answered with an error status
         ├── ProviderTimeoutError    no answer within the timeout

@@ -1,0 +1,77 @@
+"""agentjobs' pure agent runtime: agents whose conversations are AgentRunCheckpoint v1 JSON.
+
+No Celery and no Redis here: everything in this package runs in a plain script.
+"""
+
+from agent.checkpoint import AgentRunCheckpoint, validate_checkpoint
+from agent.clock import RunTime, TimeLayer
+from agent.errors import (
+    AgentError,
+    CheckpointFormatError,
+    ConversationMismatchError,
+    InvalidRunInputError,
+    MessageDeniedError,
+    NoConversationError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderHTTPError,
+    ProviderResponseError,
+    ProviderTimeoutError,
+    RunCheckpointError,
+    RunInFlightError,
+    ToolAbort,
+    can_resume,
+    classify_failure_phase,
+)
+from agent.folding import Compaction, fnv1a, folded_messages, folded_span_for, is_compacted_summary
+from agent.identity import encode_namespace
+from agent.messages import LLMProvider, LLMRequest, LLMResponse, ToolCall
+from agent.middleware import Deny, InputContext
+from agent.providers.scripted import ScriptedProvider, ScriptExhaustedError
+from agent.runtime import Agent, AgentInput, AgentResult
+from agent.skills import SkillGraph
+from agent.tools import Tool, ToolContext, tool
+
+__all__ = [
+    "Agent",
+    "AgentError",
+    "AgentInput",
+    "AgentResult",
+    "AgentRunCheckpoint",
+    "CheckpointFormatError",
+    "Compaction",
+    "ConversationMismatchError",
+    "Deny",
+    "InputContext",
+    "InvalidRunInputError",
+    "LLMProvider",
+    "LLMRequest",
+    "LLMResponse",
+    "MessageDeniedError",
+    "NoConversationError",
+    "ProviderConnectionError",
+    "ProviderError",
+    "ProviderHTTPError",
+    "ProviderResponseError",
+    "ProviderTimeoutError",
+    "RunCheckpointError",
+    "RunInFlightError",
+    "RunTime",
+    "ScriptExhaustedError",
+    "ScriptedProvider",
+    "SkillGraph",
+    "TimeLayer",
+    "Tool",
+    "ToolAbort",
+    "ToolCall",
+    "ToolContext",
+    "can_resume",
+    "classify_failure_phase",
+    "encode_namespace",
+    "fnv1a",
+    "folded_messages",
+    "folded_span_for",
+    "is_compacted_summary",
+    "tool",
+    "validate_checkpoint",
+]

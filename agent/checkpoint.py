@@ -1,0 +1,434 @@
+"""AgentRunCheckpoint v1: the value, its one validator, and the orjson codec.
+
+Every door that loads a checkpoint (`from_json`, `from_dict`, `Agent.run(continue_from=...)`,
+`Agent.resume_on_error`, the job system, the CLI) goes through `validate_checkpoint`, so a bad
+checkpoint fails at the door with a `CheckpointFormatError` naming the field, never deep in a run.
+
+The nested values (history messages, identity, ledger rows...) stay plain wire-shape data:
+the runtime treats them as immutable and builds new dicts instead of editing them. Unknown keys,
+top-level (kept in `extra`) and inside messages, are carried through unchanged (CHECKPOINT.md D2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from agent.errors import CheckpointFormatError
+
+CHECKPOINT_VERSION = 1
+# A checkpoint larger than this is refused before parsing: it is not a conversation, it is an
+# accident (or an attack) that would pin a worker's memory.
+MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024
+MAX_INSTRUCTION_UTF16_UNITS = 1_000_000
+_MAX_SAFE_INTEGER = 2**53 - 1
+
+# Wire key -> attribute, in the order the writers emit them (the reference runtime's order).
+_KNOWN_KEYS: dict[str, str] = {
+    "version": "version",
+    "runId": "run_id",
+    "history": "history",
+    "lastCompletedIteration": "last_completed_iteration",
+    "originalInput": "original_input",
+    "checkpointedAt": "checkpointed_at",
+    "failurePoint": "failure_point",
+    "folded": "folded",
+    "findingsLedger": "findings_ledger",
+    "claimVerification": "claim_verification",
+    "turnNumber": "turn_number",
+    "evidenceRecovery": "evidence_recovery",
+    "identity": "identity",
+    "skillCursor": "skill_cursor",
+    "agent": "agent",
+}
+# Optional keys where a JSON null means "absent" (the reference leaks null identities as
+# "explicit"; we read them as absent). Any other optional key refuses null.
+_NULL_MEANS_ABSENT = frozenset(
+    {"checkpointedAt", "failurePoint", "folded", "claimVerification", "identity", "agent"}
+)
+
+_FAILURE_PHASES = frozenset({"iteration", "tool", "llm", "unknown"})
+_LATER_LEDGER_KINDS = frozenset(
+    {
+        "judgment",
+        "judgment-error",
+        "contingent",
+        "unsettled-by-absence",
+        "argument",
+        "period",
+        "grounded",
+        "steps-unfinished",
+        "clock",
+        "clock-on-resume",
+        "call",
+    }
+)
+_BASIS = frozenset({"direct", "exploratory"})
+_EXPECT = frozenset({"low", "medium", "high"})
+_STANDING = frozenset({"fact", "open", "noise", "ruled-out"})
+
+
+def _is_number(value: object) -> bool:
+    # NaN is a float but not a JSON number.
+    return (type(value) is int or type(value) is float) and value == value
+
+
+def _is_int(value: object) -> bool:
+    if type(value) is int:
+        return True
+    return type(value) is float and value.is_integer()
+
+
+def utf16_units(text: str) -> int:
+    """Length as JavaScript counts it: characters outside the BMP take two code units."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def _describe(value: object) -> str:
+    """A type name for error messages; never the value itself (it may be private)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, Mapping):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def _fail(field_name: str, problem: str) -> CheckpointFormatError:
+    return CheckpointFormatError(field_name, problem)
+
+
+# ---------------------------------------------------------------------------------------------
+# the validator
+
+
+def validate_checkpoint(value: object) -> None:
+    """Raise CheckpointFormatError naming the first field that is wrong (CHECKPOINT.md 1.3)."""
+    if not isinstance(value, Mapping):
+        raise _fail("<checkpoint>", f"not an object (got {_describe(value)})")
+    version = value.get("version")
+    if type(version) not in (int, float) or version != CHECKPOINT_VERSION:
+        shown = "missing" if "version" not in value else repr(version)[:40]
+        raise _fail("version", f"unsupported checkpoint version: {shown} (this runtime reads 1)")
+    run_id, history = value.get("runId"), value.get("history")
+    if not isinstance(run_id, str) or not isinstance(history, list):
+        raise _fail(
+            "runId" if not isinstance(run_id, str) else "history",
+            "runId (a string) and history (an array) are both required; got runId "
+            f"{_describe(run_id)}, history {_describe(history)}",
+        )
+    if not _is_number(value.get("lastCompletedIteration")):
+        raise _fail(
+            "lastCompletedIteration",
+            f"must be a number, got {_describe(value.get('lastCompletedIteration'))}",
+        )
+    original = value.get("originalInput")
+    if not isinstance(original, Mapping):
+        raise _fail("originalInput", f"required object, got {_describe(original)}")
+    if not isinstance(original.get("message"), str):
+        raise _fail(
+            "originalInput.message", f"must be a string, got {_describe(original.get('message'))}"
+        )
+    if "skillCursor" in value and not isinstance(value["skillCursor"], str):
+        raise _fail("skillCursor", f"must be a string, got {_describe(value['skillCursor'])}")
+    if "evidenceRecovery" in value:
+        _check_evidence_recovery(value["evidenceRecovery"])
+    if "findingsLedger" in value:
+        _check_ledger(value["findingsLedger"])
+    if "turnNumber" in value:
+        turn = value["turnNumber"]
+        if not _is_int(turn) or not 1 <= turn <= _MAX_SAFE_INTEGER:
+            raise _fail("turnNumber", f"must be a safe integer >= 1, got {_describe(turn)}")
+    _check_history(history)
+    _check_carried_shapes(value)
+
+
+def _check_history(history: list[Any]) -> None:
+    # The hot path of every load: one type test per message, the slow explanation only on failure.
+    for message in history:
+        if (
+            type(message) is not dict
+            or type(message.get("role")) is not str
+            or type(message.get("content")) is not str
+        ):
+            break
+    else:
+        return
+    for index, message in enumerate(history):
+        where = f"history[{index}]"
+        if message is None:
+            raise _fail(where, "is null; every message must be an object with role and content")
+        if not isinstance(message, Mapping):
+            raise _fail(where, f"must be an object, got {_describe(message)}")
+        problems = [
+            f"{key} is missing" if key not in message else f"{key} is {_describe(message[key])}"
+            for key in ("role", "content")
+            if not isinstance(message.get(key), str)
+        ]
+        if problems:
+            raise _fail(where, "; ".join(problems) + " (role and content must be strings)")
+
+
+def _check_evidence_recovery(value: object) -> None:
+    name = "evidenceRecovery"
+    if not isinstance(value, Mapping):
+        raise _fail(name, f"must be an object, got {_describe(value)}")
+    unknown = sorted(set(value) - {"revisionSpent", "pending"})
+    if unknown:
+        raise _fail(name, f"unknown keys {unknown}; allowed: revisionSpent, pending")
+    if value.get("revisionSpent") is not True:
+        raise _fail(f"{name}.revisionSpent", "must be true")
+    if "pending" in value:
+        pending = value["pending"]
+        if not isinstance(pending, Mapping) or set(pending) != {"instruction"}:
+            raise _fail(f"{name}.pending", "must be an object whose only key is instruction")
+        instruction = pending["instruction"]
+        if not isinstance(instruction, str) or not instruction:
+            raise _fail(f"{name}.pending.instruction", "must be a non-empty string")
+        if utf16_units(instruction) > MAX_INSTRUCTION_UTF16_UNITS:
+            raise _fail(
+                f"{name}.pending.instruction",
+                f"is longer than {MAX_INSTRUCTION_UTF16_UNITS} UTF-16 code units",
+            )
+
+
+def _check_ledger(rows: object) -> None:
+    if not isinstance(rows, list):
+        raise _fail("findingsLedger", f"must be an array, got {_describe(rows)}")
+    for index, row in enumerate(rows):
+        where = f"findingsLedger[{index}]"
+        if not isinstance(row, Mapping):
+            raise _fail(where, f"must be an object, got {_describe(row)}")
+        if "turn" in row and not _is_number(row["turn"]):
+            raise _fail(f"{where}.turn", f"must be a number, got {_describe(row['turn'])}")
+        kind = row.get("kind")
+        if kind == "basis":
+            _check_basis(where, row)
+        elif kind == "standing":
+            _check_standing(where, row)
+        elif kind == "conflict":
+            _check_conflict(where, row)
+        elif kind not in _LATER_LEDGER_KINDS:
+            shown = repr(kind)[:60] if isinstance(kind, str) else _describe(kind)
+            raise _fail(f"{where}.kind", f"unknown ledger row kind {shown}")
+
+
+def _require(where: str, row: Mapping[str, Any], key: str, ok: bool, wanted: str) -> None:
+    if not ok:
+        state = "missing" if key not in row else _describe(row[key])
+        raise _fail(f"{where}.{key}", f"must be {wanted}, got {state}")
+
+
+def _check_basis(where: str, row: Mapping[str, Any]) -> None:
+    _require(where, row, "toolCallId", isinstance(row.get("toolCallId"), str), "a string")
+    _require(where, row, "toolName", isinstance(row.get("toolName"), str), "a string")
+    _require(where, row, "iteration", _is_number(row.get("iteration")), "a number")
+    _require(where, row, "basis", row.get("basis") in _BASIS, "direct or exploratory")
+    if "expect" in row:
+        _require(where, row, "expect", row["expect"] in _EXPECT, "low, medium or high")
+    for key in ("proposition", "predicts"):
+        if key in row:
+            _require(where, row, key, isinstance(row[key], str), "a string")
+    if "malformed" in row:
+        _require(where, row, "malformed", _is_int(row["malformed"]), "an integer")
+
+
+def _check_standing(where: str, row: Mapping[str, Any]) -> None:
+    _require(where, row, "toolCallId", isinstance(row.get("toolCallId"), str), "a string")
+    _require(
+        where, row, "standing", row.get("standing") in _STANDING, "fact, open, noise or ruled-out"
+    )
+    _require(where, row, "assertions", isinstance(row.get("assertions"), list), "an array")
+    declared = row.get("declaredOn")
+    declared_ok = declared == "answer" or (
+        isinstance(declared, Mapping) and isinstance(declared.get("toolCallId"), str)
+    )
+    _require(where, row, "declaredOn", declared_ok, "'answer' or {toolCallId}")
+    _require(where, row, "iteration", _is_number(row.get("iteration")), "a number")
+    if "toolName" in row:
+        _require(where, row, "toolName", isinstance(row["toolName"], str), "a string")
+    if "unknownId" in row:
+        _require(where, row, "unknownId", row["unknownId"] is True, "true")
+
+
+def _check_conflict(where: str, row: Mapping[str, Any]) -> None:
+    _require(where, row, "key", isinstance(row.get("key"), str), "a string")
+    witnesses = row.get("witnesses")
+    _require(where, row, "witnesses", isinstance(witnesses, list), "an array")
+    assert isinstance(witnesses, list)
+    for index, witness in enumerate(witnesses):
+        subject = witness.get("subject") if isinstance(witness, Mapping) else None
+        if not (
+            isinstance(witness, Mapping)
+            and isinstance(witness.get("toolCallId"), str)
+            and isinstance(subject, Mapping)
+            and "kind" in subject
+            and "id" in subject
+            and "predicate" in witness
+        ):
+            raise _fail(
+                f"{where}.witnesses[{index}]", "must be {toolCallId, subject:{kind,id}, predicate}"
+            )
+    _require(where, row, "iteration", _is_number(row.get("iteration")), "a number")
+
+
+def _check_carried_shapes(value: Mapping[str, Any]) -> None:
+    """Shapes the reference does not check but a run would trip over later (D6): an identity,
+    agent, folded list or failurePoint of the wrong type fails here, by name."""
+    identity = value.get("identity")
+    if identity is not None:
+        if not isinstance(identity, Mapping):
+            raise _fail("identity", f"must be an object, got {_describe(identity)}")
+        for key in ("tenant", "principal", "conversationId"):
+            if identity.get(key) is not None and not isinstance(identity[key], str):
+                raise _fail(f"identity.{key}", f"must be a string, got {_describe(identity[key])}")
+    agent = value.get("agent")
+    if agent is not None and not (isinstance(agent, Mapping) and isinstance(agent.get("id"), str)):
+        raise _fail("agent", "must be an object {id: string}")
+    folded = value.get("folded")
+    if folded is not None:
+        if not isinstance(folded, list):
+            raise _fail("folded", f"must be an array, got {_describe(folded)}")
+        for index, span in enumerate(folded):
+            if not isinstance(span, Mapping):
+                raise _fail(f"folded[{index}]", f"must be an object, got {_describe(span)}")
+            if "messages" in span and not isinstance(span["messages"], list):
+                raise _fail(f"folded[{index}].messages", "must be an array")
+    failure = value.get("failurePoint")
+    if failure is not None and not (
+        isinstance(failure, Mapping) and failure.get("phase") in _FAILURE_PHASES
+    ):
+        raise _fail("failurePoint", "must be an object {iteration, phase, stage?}")
+    claims = value.get("claimVerification")
+    if claims is not None and not isinstance(claims, Mapping):
+        raise _fail("claimVerification", f"must be an object, got {_describe(claims)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the value
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRunCheckpoint:
+    """One conversation (or one failed run of it), as the AgentRunCheckpoint v1 wire format.
+
+    Immutable: the nested wire data is shared, never edited; `to_dict()` hands out a deep copy.
+    """
+
+    run_id: str
+    history: list[dict[str, Any]]
+    last_completed_iteration: int | float
+    original_input: dict[str, Any]
+    checkpointed_at: int | float | None = None
+    failure_point: dict[str, Any] | None = None
+    folded: list[dict[str, Any]] | None = None
+    findings_ledger: list[dict[str, Any]] | None = None
+    claim_verification: dict[str, Any] | None = None
+    turn_number: int | None = None
+    evidence_recovery: dict[str, Any] | None = None
+    identity: dict[str, Any] | None = None
+    skill_cursor: str | None = None
+    agent: dict[str, Any] | None = None
+    # Top-level keys this runtime does not know, written back unchanged (D2).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    version: int = CHECKPOINT_VERSION
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_json(cls, data: bytes | bytearray | memoryview | str) -> AgentRunCheckpoint:
+        if not isinstance(data, bytes | bytearray | memoryview | str):
+            raise _fail("<checkpoint>", f"expected JSON bytes or str, got {_describe(data)}")
+        if len(data) > MAX_CHECKPOINT_BYTES:
+            raise _fail("<checkpoint>", f"larger than {MAX_CHECKPOINT_BYTES} bytes")
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise _fail("<checkpoint>", _why_not_json(data, exc)) from None
+        return cls._from_owned(value)
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> AgentRunCheckpoint:
+        validate_checkpoint(value)
+        try:
+            # A deep copy through the codec: the caller keeps their dict, and anything that is not
+            # plain JSON (sets, objects, non-string keys) is refused here rather than at write time.
+            owned = orjson.loads(orjson.dumps(value, option=_STRICT_DUMPS))
+        except TypeError as exc:
+            raise _fail("<checkpoint>", f"not plain JSON data: {exc}") from None
+        return cls._build(owned)
+
+    @classmethod
+    def _from_owned(cls, value: Any) -> AgentRunCheckpoint:
+        validate_checkpoint(value)
+        return cls._build(value)
+
+    @classmethod
+    def _build(cls, value: dict[str, Any]) -> AgentRunCheckpoint:
+        known: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for key, item in value.items():
+            attr = _KNOWN_KEYS.get(key)
+            if attr is None:
+                extra[key] = item
+            elif item is not None or key not in _NULL_MEANS_ABSENT:
+                known[attr] = item
+        return cls(extra=extra, **known)
+
+    # -- encoding ---------------------------------------------------------------------------
+
+    def wire(self) -> dict[str, Any]:
+        """The wire dict, sharing nested data with this value (read-only use; see to_dict)."""
+        out: dict[str, Any] = {}
+        for key, attr in _KNOWN_KEYS.items():
+            item = getattr(self, attr)
+            if item is not None:
+                out[key] = item
+        for key, item in self.extra.items():
+            out.setdefault(key, item)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The exact camelCase wire shape as a fresh deep copy; absent keys are absent."""
+        result: dict[str, Any] = orjson.loads(orjson.dumps(self.wire()))
+        return result
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.wire())
+
+
+_STRICT_DUMPS = (
+    orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+
+
+def _why_not_json(data: bytes | bytearray | memoryview | str, exc: Exception) -> str:
+    if not isinstance(data, str):
+        try:
+            bytes(data).decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return f"not valid UTF-8 (byte {bad.start}); a checkpoint is UTF-8 JSON"
+    return f"not valid JSON: {exc}"
+
+
+def checkpoint_from_any(value: object) -> AgentRunCheckpoint:
+    """The door used by Agent and the job system: a checkpoint, a dict, or JSON bytes/str."""
+    if isinstance(value, AgentRunCheckpoint):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview | str):
+        return AgentRunCheckpoint.from_json(value)
+    if isinstance(value, Mapping):
+        return AgentRunCheckpoint.from_dict(value)
+    raise _fail("<checkpoint>", f"not an object (got {_describe(value)})")

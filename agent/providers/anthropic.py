@@ -1,0 +1,211 @@
+"""Anthropic Messages API.
+
+Thinking blocks go back to the API exactly as they came (Anthropic refuses a tool round whose
+thinking signature changed), first in the assistant turn. Only the keys this mapping knows are
+sent; anything else on a history message stays in the record (CHECKPOINT.md D9).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from agent.errors import ProviderResponseError
+from agent.messages import LLMRequest, LLMResponse, Message, ToolCall
+from agent.providers._http import (
+    JSONEndpoint,
+    Redactor,
+    check_api_key,
+    check_base_url,
+    check_timeout,
+)
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+_EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+class AnthropicProvider:
+    """`POST {base_url}/v1/messages`, one pooled connection set per instance.
+
+    The model sent is this provider's `model` (see OpenAIChatProvider). The key defaults to
+    ANTHROPIC_API_KEY, the base URL to ANTHROPIC_BASE_URL. `thinking_budget_tokens` turns on
+    extended thinking; it must be below `max_tokens`.
+    """
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout_s: float = 60.0,
+        max_tokens: int = 4096,
+        thinking_budget_tokens: int | None = None,
+    ) -> None:
+        if not model:
+            raise ValueError("AnthropicProvider needs a model name")
+        self.model = model
+        self.max_tokens = max_tokens
+        self.thinking_budget_tokens = thinking_budget_tokens
+        url_source = "base_url" if base_url is not None else "ANTHROPIC_BASE_URL"
+        base = base_url if base_url is not None else os.environ.get("ANTHROPIC_BASE_URL")
+        self.base_url = check_base_url(base or DEFAULT_BASE_URL, url_source)
+        key_source = "api_key" if api_key is not None else "ANTHROPIC_API_KEY"
+        key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY", "")
+        if not key:
+            raise ValueError("AnthropicProvider needs an API key: set ANTHROPIC_API_KEY or api_key=")
+        key = check_api_key(key, key_source)
+        self.timeout_s = check_timeout(timeout_s)
+        url = f"{self.base_url}/v1/messages"
+        self._endpoint = JSONEndpoint(
+            provider=self.name,
+            url=url,
+            headers={"x-api-key": key, "anthropic-version": API_VERSION},
+            timeout_s=self.timeout_s,
+            redactor=Redactor(key, [self.base_url, url]),
+            key_source="ANTHROPIC_API_KEY",
+        )
+
+    def __repr__(self) -> str:
+        return f"AnthropicProvider(model={self.model!r})"
+
+    def close(self) -> None:
+        """Close the pooled connections; a later call opens new ones."""
+        self._endpoint.close()
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        body = build_body(self.model, self.max_tokens, request)
+        if self.thinking_budget_tokens is not None:
+            body["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget_tokens}
+        return parse_response(self._endpoint.post(body))
+
+
+def build_body(model: str, max_tokens: int, request: LLMRequest) -> dict[str, Any]:
+    system_parts = [request.system_prompt] if request.system_prompt else []
+    messages: list[dict[str, Any]] = []
+    tool_results: list[dict[str, Any]] | None = None  # the user turn that tool messages fill
+    for message in request.messages:
+        role = message.get("role")
+        if role == "tool":
+            if tool_results is None:  # consecutive tool results share one user turn
+                tool_results = []
+                messages.append({"role": "user", "content": tool_results})
+            tool_results.append(
+                {
+                    "type": "tool_result",
+                    "tool_use_id": message.get("toolCallId"),
+                    "content": message.get("content", ""),
+                }
+            )
+            continue
+        tool_results = None
+        if role == "system":
+            # The Messages API has no system role inside the conversation; such messages join
+            # the system prompt, in order.
+            system_parts.append(message.get("content", ""))
+        elif role == "assistant":
+            messages.append({"role": "assistant", "content": _assistant_content(message)})
+        else:
+            messages.append({"role": role, "content": message.get("content", "")})
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": messages}
+    if system_parts:
+        body["system"] = "\n\n".join(system_parts)
+    if request.tools:
+        body["tools"] = [
+            {
+                "name": spec["name"],
+                "description": spec.get("description", ""),
+                "input_schema": spec.get("inputSchema") or _EMPTY_SCHEMA,
+            }
+            for spec in request.tools
+        ]
+    return body
+
+
+def _assistant_content(message: Message) -> str | list[dict[str, Any]]:
+    thinking = message.get("thinkingBlocks") or []
+    calls = message.get("toolCalls") or []
+    text = message.get("content", "")
+    if not thinking and not calls:
+        return str(text)
+    blocks = [_thinking_to_anthropic(block) for block in thinking]
+    if text:  # the API refuses empty text blocks
+        blocks.append({"type": "text", "text": text})
+    blocks += [
+        {"type": "tool_use", "id": call["id"], "name": call["name"], "input": call.get("args", {})}
+        for call in calls
+    ]
+    return blocks
+
+
+def _thinking_to_anthropic(block: Mapping[str, Any]) -> dict[str, Any]:
+    if block.get("type") == "redacted_thinking":
+        return {"type": "redacted_thinking", "data": block.get("content", "")}
+    out: dict[str, Any] = {"type": "thinking", "thinking": block.get("content", "")}
+    if "signature" in block:
+        out["signature"] = block["signature"]
+    return out
+
+
+def parse_response(data: Mapping[str, Any]) -> LLMResponse:
+    blocks = data.get("content")
+    if not isinstance(blocks, list):
+        raise _shape("no content list")
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    thinking: list[dict[str, Any]] = []
+    for i, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(_field(block, "text", str, i))
+        elif kind == "tool_use":
+            calls.append(
+                ToolCall(
+                    id=_field(block, "id", str, i),
+                    name=_field(block, "name", str, i),
+                    args=_field(block, "input", dict, i),
+                )
+            )
+        elif kind == "thinking":
+            entry = {"type": "thinking", "content": _field(block, "thinking", str, i)}
+            if isinstance(block.get("signature"), str):
+                entry["signature"] = block["signature"]
+            thinking.append(entry)
+        elif kind == "redacted_thinking":
+            thinking.append({"type": "redacted_thinking", "content": _field(block, "data", str, i)})
+        # Other block kinds (server tool results, citations' own blocks) carry no answer text.
+    stop_reason = data.get("stop_reason")
+    return LLMResponse(
+        content="".join(texts),
+        tool_calls=tuple(calls),
+        usage=_usage(data.get("usage")),
+        stop_reason=stop_reason if isinstance(stop_reason, str) else None,
+        thinking_blocks=tuple(thinking),
+    )
+
+
+def _field(block: Mapping[str, Any], key: str, kind: type[Any], index: int) -> Any:
+    value = block.get(key)
+    if not isinstance(value, kind):
+        raise _shape(f"content[{index}].{key} is not a {kind.__name__}")
+    return value
+
+
+def _usage(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, dict):
+        return None
+    return {
+        "inputTokens": raw.get("input_tokens"),
+        "outputTokens": raw.get("output_tokens"),
+        "raw": raw,
+    }
+
+
+def _shape(problem: str) -> ProviderResponseError:
+    return ProviderResponseError(
+        f"anthropic provider: unexpected answer shape: {problem}", status=200
+    )
+

@@ -1,0 +1,635 @@
+"""Agent: the doors (run, follow_up, resume_on_error, checkpoint) and the iteration loop.
+
+One run is one turn: seed the history, then model call -> tool calls -> next iteration until the
+model answers or `max_iterations` runs out. Everything a run changes lives in a `_Run` local to
+that call; the instance only holds the in-flight mark and the last run's committed state, so one
+Agent runs one turn at a time (RunInFlightError) and separate instances share nothing mutable.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agent.checkpoint import AgentRunCheckpoint, checkpoint_from_any
+from agent.clock import RunTime, TimeLayer, clock_row, read_run_time
+from agent.errors import (
+    AgentError,
+    ConversationMismatchError,
+    InvalidRunInputError,
+    MessageDeniedError,
+    NoConversationError,
+    RunCheckpointError,
+    RunInFlightError,
+    ToolAbort,
+    classify_failure_phase,
+    resume_advice,
+)
+from agent.folding import Compaction
+from agent.identity import normalize_identity
+from agent.messages import (
+    LLMProvider,
+    LLMRequest,
+    LLMResponse,
+    Message,
+    assistant_message,
+    request_messages,
+    tool_message,
+    user_message,
+)
+from agent.middleware import InputMiddleware, run_input_chain
+from agent.skills import SkillGraph
+from agent.tools import Tool, ToolContext, tool_result_text
+
+DEFAULT_AGENT_ID = "agent"
+DEFAULT_MAX_ITERATIONS = 10
+MAX_MESSAGE_UTF16_UNITS = 1_000_000
+
+ProgressHook = Callable[[AgentRunCheckpoint], object]
+EvidenceCheck = Callable[[str, Sequence[Message]], "str | None"]
+Door = Literal["run", "resume_on_error"]
+
+_run_seq = itertools.count(1)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def mint_run_id() -> str:
+    return f"run-{_now_ms()}-{next(_run_seq)}"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInput:
+    message: str
+    continue_from: Any = None
+    identity: Mapping[str, Any] | None = None
+    message_from: str | None = None
+    time: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentResult:
+    content: str
+    run_id: str
+    turn_number: int
+    iterations: int
+    # The conversation after this turn, as agent.checkpoint() returns it.
+    checkpoint: AgentRunCheckpoint
+    stop_reason: Literal["answer", "max_iterations"] = "answer"
+    usage: Mapping[str, int] = field(default_factory=dict)
+    middleware_decisions: tuple[Mapping[str, Any], ...] = ()
+
+
+def normalize_input(value: object) -> AgentInput:
+    """str | mapping | AgentInput -> AgentInput, or InvalidRunInputError naming the field."""
+    if isinstance(value, str):
+        value = AgentInput(message=value)
+    elif isinstance(value, Mapping):
+        value = AgentInput(
+            message=value.get("message"),  # type: ignore[arg-type]
+            continue_from=value.get("continueFrom", value.get("continue_from")),
+            identity=value.get("identity"),
+            message_from=value.get("messageFrom", value.get("message_from")),
+            time=value.get("time"),
+        )
+    elif not isinstance(value, AgentInput):
+        raise InvalidRunInputError("input", "must be a string, a mapping or an AgentInput")
+    _check_message(value.message, "message")
+    if value.message_from not in (None, "person", "composed"):
+        raise InvalidRunInputError("messageFrom", "must be 'person' or 'composed'")
+    return value
+
+
+def _check_message(message: object, field_name: str) -> None:
+    if not isinstance(message, str):
+        raise InvalidRunInputError(field_name, "must be a string")
+    if not message.strip():
+        raise InvalidRunInputError(field_name, "must not be empty or whitespace only")
+    if len(message) > MAX_MESSAGE_UTF16_UNITS // 2 and (
+        len(message.encode("utf-16-le", "surrogatepass")) // 2 > MAX_MESSAGE_UTF16_UNITS
+    ):
+        raise InvalidRunInputError(
+            field_name, f"is longer than {MAX_MESSAGE_UTF16_UNITS} UTF-16 code units"
+        )
+
+
+@dataclass
+class _Run:
+    """Everything one run changes. Local to the call that runs it."""
+
+    run_id: str
+    raw_message: str
+    history: list[Message]
+    identity: dict[str, Any] | None
+    turn: int
+    folded: list[dict[str, Any]]
+    ledger: list[dict[str, Any]]
+    claim_verification: dict[str, Any] | None
+    extra: Mapping[str, Any]
+    skill_cursor: str | None
+    revision_spent: bool
+    pending_instruction: str | None
+    clock: dict[str, Any] | None
+    message: str = ""
+    iteration: int = 0
+    last_completed: int = 0
+    progress: list[Message] = field(default_factory=list)
+    bracket: tuple[str, str] | None = None
+    answer: str | None = None
+    finished: bool = False
+    usage: dict[str, int] = field(default_factory=dict)
+    decisions: tuple[Mapping[str, Any], ...] = ()
+
+
+class Agent:
+    """An LLM agent whose conversations are AgentRunCheckpoint v1 values.
+
+    Layers (all optional): `input_middleware` (the 'input' chain), `time` (a TimeLayer: accept a
+    `time` input), `honesty` ({'inputs': True, ...}: write turnNumber), `skills` (a SkillGraph),
+    `compaction` (fold old messages into summaries), `evidence_check` (one bounded revision of
+    the answer per turn).
+    """
+
+    def __init__(
+        self,
+        *,
+        provider: LLMProvider,
+        model: str,
+        system: str = "",
+        tools: Sequence[Tool] = (),
+        id: str | None = None,
+        max_iterations: int = DEFAULT_MAX_ITERATIONS,
+        input_middleware: Sequence[InputMiddleware] = (),
+        time: TimeLayer | None = None,
+        honesty: Mapping[str, bool] | None = None,
+        skills: SkillGraph | None = None,
+        compaction: Compaction | None = None,
+        evidence_check: EvidenceCheck | None = None,
+    ) -> None:
+        if not callable(getattr(provider, "complete", None)):
+            raise TypeError("Agent(provider=...) needs an object with complete(request)")
+        if not isinstance(model, str):
+            raise TypeError("Agent(model=...) must be a string")
+        if id is not None and (not isinstance(id, str) or not id):
+            raise TypeError("Agent(id=...) must be a non-empty string")
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Agent(tools=...) has duplicate tool names: {names}")
+        self.provider = provider
+        self.model = model
+        self.system = system
+        self.tools: tuple[Tool, ...] = tuple(tools)
+        self._tools_by_name = {t.name: t for t in self.tools}
+        self._tool_specs = [t.spec() for t in self.tools]
+        self.id = id if id is not None else DEFAULT_AGENT_ID
+        self.named = id is not None
+        ok = isinstance(max_iterations, int) and not isinstance(max_iterations, bool)
+        self.max_iterations = max_iterations if ok and max_iterations >= 1 else 1
+        self.input_middleware = tuple(input_middleware)
+        self.time_layer = time
+        self.honesty_armed = bool(honesty) and any(bool(v) for v in (honesty or {}).values())
+        self.skills = skills
+        self.compaction = compaction
+        self.evidence_check = evidence_check
+        self._lock = threading.Lock()
+        self._active_run_id: str | None = None
+        self._ever_ran = False
+        self._last: _Run | None = None
+
+    # -- doors ------------------------------------------------------------------------------
+
+    def run(
+        self,
+        input: str | Mapping[str, Any] | AgentInput,
+        *,
+        identity: Mapping[str, Any] | None = None,
+        time: Any = None,
+        on_progress: ProgressHook | None = None,
+    ) -> AgentResult:
+        """One turn. With `continue_from` it continues that conversation with a new user turn."""
+        request = normalize_input(input)
+        run_id = self._claim("run")
+        try:
+            stored = None
+            if request.continue_from is not None:
+                stored = checkpoint_from_any(request.continue_from)
+                self._check_agent_id("run", stored)
+            caller = normalize_identity(request.identity, "identity")
+            if caller is None:
+                caller = normalize_identity(identity, "options.identity")
+            if caller is None and stored is not None:
+                caller = stored.identity
+            run_time = self._read_time(request.time if request.time is not None else time)
+            if stored is None:
+                turn, history = 1, []
+            elif stored.turn_number is not None:
+                turn, history = int(stored.turn_number) + 1, list(stored.history)
+            else:
+                history = list(stored.history)
+                turn = max(1, _count_users(history) + 1)
+            state = self._new_run(run_id, request.message, history, caller, turn, stored, run_time)
+            state.clock = self._clock_for(state, stored, run_time, resuming=False)
+            return self._execute(state, append_user=True, on_progress=on_progress)
+        finally:
+            self._release()
+
+    def follow_up(
+        self,
+        message: str,
+        *,
+        identity: Mapping[str, Any] | None = None,
+        time: Any = None,
+        on_progress: ProgressHook | None = None,
+    ) -> AgentResult:
+        """Continue this instance's last finished conversation with `message`."""
+        with self._lock:
+            ever_ran, last = self._ever_ran, self._last
+        if not ever_ran:
+            raise NoConversationError("never-run")
+        if last is None or not last.finished or not last.history:
+            raise NoConversationError("last-run-unfinished")
+        conversation = self._committed_checkpoint(last)
+        return self.run(
+            AgentInput(message=message, continue_from=conversation),
+            identity=identity,
+            time=time,
+            on_progress=on_progress,
+        )
+
+    def resume_on_error(
+        self,
+        checkpoint: AgentRunCheckpoint | Mapping[str, Any] | bytes | str,
+        *,
+        identity: Mapping[str, Any] | None = None,
+        time: Any = None,
+        on_progress: ProgressHook | None = None,
+    ) -> AgentResult:
+        """Re-run the failed turn of `checkpoint`: same history, same turn, nothing appended."""
+        run_id = self._claim("resume_on_error")
+        try:
+            stored = checkpoint_from_any(checkpoint)
+            self._check_agent_id("resume_on_error", stored)
+            caller = normalize_identity(identity, "options.identity") or stored.identity
+            run_time = self._read_time(time)
+            history = list(stored.history)
+            if stored.turn_number is not None:
+                turn = int(stored.turn_number)
+            else:
+                turn = max(1, _count_users(history))
+            message = stored.original_input["message"]
+            state = self._new_run(run_id, message, history, caller, turn, stored, run_time)
+            recovery = stored.evidence_recovery
+            if recovery is not None:
+                state.revision_spent = True
+                pending = recovery.get("pending")
+                state.pending_instruction = pending["instruction"] if pending else None
+            state.clock = self._clock_for(state, stored, run_time, resuming=True)
+            return self._execute(state, append_user=False, on_progress=on_progress)
+        finally:
+            self._release()
+
+    def checkpoint(self) -> AgentRunCheckpoint | None:
+        """The conversation after the last run (None before any run). Only meaningful between
+        runs; after a failed run it holds that run's committed history and no answer."""
+        with self._lock:
+            last = self._last
+        return None if last is None else self._committed_checkpoint(last)
+
+    # -- in-flight mark ---------------------------------------------------------------------
+
+    def _claim(self, door: str) -> str:
+        with self._lock:
+            if self._active_run_id is not None:
+                raise RunInFlightError(door, self.id, self._active_run_id)
+            run_id = mint_run_id()
+            self._active_run_id = run_id
+            return run_id
+
+    def _release(self) -> None:
+        with self._lock:
+            self._active_run_id = None
+
+    def _commit(self, state: _Run) -> None:
+        with self._lock:
+            self._ever_ran = True
+            self._last = state
+
+    # -- seeding ----------------------------------------------------------------------------
+
+    def _check_agent_id(self, door: str, stored: AgentRunCheckpoint) -> None:
+        stored_id = (stored.agent or {}).get("id")
+        if stored_id is not None and self.named and stored_id != self.id:
+            raise ConversationMismatchError(door, stored_id, self.id)
+
+    def _read_time(self, value: Any) -> RunTime | None:
+        if value is None:
+            return None
+        if self.time_layer is None:
+            raise InvalidRunInputError(
+                "time", "this agent has no time layer; build it with Agent(time=TimeLayer(...))"
+            )
+        return read_run_time(value)
+
+    def _new_run(
+        self,
+        run_id: str,
+        raw_message: str,
+        history: list[Message],
+        identity: dict[str, Any] | None,
+        turn: int,
+        stored: AgentRunCheckpoint | None,
+        run_time: RunTime | None,
+    ) -> _Run:
+        cursor = None
+        if stored is not None and self.skills is not None:
+            cursor = self.skills.restore(stored.skill_cursor)
+        return _Run(
+            run_id=run_id,
+            raw_message=raw_message,
+            history=history,
+            identity=identity,
+            turn=turn,
+            folded=list(stored.folded or ()) if stored else [],
+            ledger=list(stored.findings_ledger or ()) if stored else [],
+            claim_verification=stored.claim_verification if stored else None,
+            extra=stored.extra if stored else {},
+            skill_cursor=cursor,
+            revision_spent=False,
+            pending_instruction=None,
+            clock=None,
+        )
+
+    def _clock_for(
+        self,
+        state: _Run,
+        stored: AgentRunCheckpoint | None,
+        run_time: RunTime | None,
+        *,
+        resuming: bool,
+    ) -> dict[str, Any] | None:
+        if self.time_layer is None:
+            return None
+        if resuming:
+            # The failed turn already fixed its clock: keep it, and record a different one passed.
+            kept: dict[str, Any] | None = next(
+                (
+                    row
+                    for row in reversed(state.ledger)
+                    if row.get("kind") == "clock" and row.get("turn") == state.turn
+                ),
+                None,
+            )
+            if kept is not None:
+                passed = {
+                    key: value
+                    for key, value in (
+                        ("now", run_time and run_time.now),
+                        ("zone", run_time and run_time.zone),
+                    )
+                    if value is not None
+                }
+                if any(kept.get(key) != value for key, value in passed.items()):
+                    state.ledger.append(
+                        {
+                            "kind": "clock-on-resume",
+                            "turn": state.turn,
+                            "passed": passed,
+                            "kept": {"now": kept.get("now"), "zone": kept.get("zone")},
+                        }
+                    )
+                return kept
+        row = clock_row(self.time_layer, run_time, state.turn)
+        state.ledger.append(row)
+        return row
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _execute(
+        self, state: _Run, *, append_user: bool, on_progress: ProgressHook | None
+    ) -> AgentResult:
+        try:
+            message, decisions = run_input_chain(
+                self.input_middleware, state.raw_message, state.identity
+            )
+        except MessageDeniedError as denied:
+            state.message = denied.denied_message
+            if append_user or not state.history:
+                state.history = [*state.history, user_message(denied.denied_message)]
+            state.progress = list(state.history)
+            self._commit(state)
+            raise
+        state.message, state.decisions = message, decisions
+        if append_user or not state.history:
+            state.history = [*state.history, user_message(message)]
+        if self.skills is not None:
+            state.skill_cursor = self.skills.route(message, state.skill_cursor)
+        state.progress = list(state.history)
+        try:
+            self._report(state, on_progress)
+            content, stop = self._loop(state, on_progress)
+        except Exception as exc:
+            self._commit(state)
+            if isinstance(exc, MessageDeniedError):
+                raise
+            raise self._crash(state, exc) from exc
+        state.answer, state.finished = content, True
+        self._commit(state)
+        return AgentResult(
+            content=content,
+            run_id=state.run_id,
+            turn_number=state.turn,
+            iterations=state.iteration,
+            checkpoint=self._committed_checkpoint(state),
+            stop_reason=stop,
+            usage=dict(state.usage),
+            middleware_decisions=state.decisions,
+        )
+
+    def _loop(
+        self, state: _Run, on_progress: ProgressHook | None
+    ) -> tuple[str, Literal["answer", "max_iterations"]]:
+        for iteration in range(1, self.max_iterations + 1):
+            state.iteration = iteration
+            self._maybe_fold(state, on_progress)
+            state.bracket = ("llm", "call-llm")
+            response = self.provider.complete(self._request(state))
+            if not isinstance(response, LLMResponse):
+                raise TypeError(
+                    f"provider {getattr(self.provider, 'name', '?')} returned "
+                    f"{type(response).__name__}, not an LLMResponse"
+                )
+            state.bracket = None
+            _add_usage(state.usage, response.usage)
+            if state.pending_instruction is not None:
+                state.pending_instruction = None  # the request that carried it completed
+            if response.tool_calls:
+                self._run_tools(state, response)
+                state.last_completed = iteration
+                state.progress = list(state.history)
+                self._report(state, on_progress)
+                continue
+            if self._needs_revision(state, response.content):
+                self._report(state, on_progress)
+                continue
+            return response.content, "answer"
+        return "", "max_iterations"
+
+    def _run_tools(self, state: _Run, response: LLMResponse) -> None:
+        history = [*state.history, assistant_message(response)]
+        for call in response.tool_calls:
+            found = self._tools_by_name.get(call.name)
+            state.bracket = ("tool", call.name or "tool")
+            if found is None:
+                content = f"Unknown tool '{call.name}'. Available: {sorted(self._tools_by_name)}"
+            else:
+                ctx = ToolContext(
+                    run_id=state.run_id,
+                    tool_call_id=call.id,
+                    turn_number=state.turn,
+                    identity=state.identity,
+                    clock=state.clock,
+                )
+                try:
+                    content = tool_result_text(found.call(call.args, ctx))
+                except ToolAbort:
+                    raise
+                except Exception as exc:
+                    # Reported to the model, which decides what to do next (fixture c1).
+                    content = str(exc) or type(exc).__name__
+            state.bracket = None
+            history.append(tool_message(call.id, call.name, content))
+        state.history = history
+
+    def _needs_revision(self, state: _Run, answer: str) -> bool:
+        if self.evidence_check is None or state.revision_spent:
+            return False
+        instruction = self.evidence_check(answer, list(state.history))
+        if not instruction:
+            return False
+        state.revision_spent = True
+        state.pending_instruction = instruction
+        return True
+
+    def _maybe_fold(self, state: _Run, on_progress: ProgressHook | None) -> None:
+        if self.compaction is None:
+            return
+        folded = self.compaction.fold(
+            state.history, run_id=state.run_id, iteration=state.iteration, model=self.model
+        )
+        if folded is None:
+            return
+        state.history, span = folded
+        state.folded = [*state.folded, span]
+        state.progress = list(state.history)
+        self._report(state, on_progress)
+
+    def _request(self, state: _Run) -> LLMRequest:
+        pieces = [self.system] if self.system else []
+        if self.skills is not None and state.skill_cursor is not None:
+            pieces.append(self.skills.instruction(state.skill_cursor))
+        if state.clock is not None:
+            pieces.append(f"Current time: {state.clock['now']} (time zone {state.clock['zone']}).")
+        if state.pending_instruction is not None:
+            pieces.append(state.pending_instruction)
+        return LLMRequest(
+            system_prompt="\n\n".join(pieces),
+            messages=request_messages(state.history),
+            tools=self._tool_specs,
+            model=self.model,
+            run_id=state.run_id,
+            iteration=state.iteration,
+        )
+
+    # -- writers ----------------------------------------------------------------------------
+
+    def _report(self, state: _Run, on_progress: ProgressHook | None) -> None:
+        """Persist-then-proceed: the hook returns before the next tools run."""
+        if on_progress is not None:
+            on_progress(self._progress_checkpoint(state, failure=None))
+
+    def _common(self, state: _Run) -> dict[str, Any]:
+        recovery: dict[str, Any] | None = None
+        if state.revision_spent:
+            recovery = {"revisionSpent": True}
+            if state.pending_instruction is not None:
+                recovery["pending"] = {"instruction": state.pending_instruction}
+        cursor = state.skill_cursor
+        keep_cursor = self.skills is not None and self.skills.continuity == "conversation"
+        return {
+            "folded": list(state.folded) or None,
+            "findings_ledger": list(state.ledger) or None,
+            "claim_verification": state.claim_verification,
+            "turn_number": state.turn if self.honesty_armed else None,
+            "evidence_recovery": recovery,
+            "identity": state.identity,
+            "skill_cursor": cursor if keep_cursor and cursor else None,
+            "agent": {"id": self.id} if self.named else None,
+            "extra": state.extra,
+        }
+
+    def _progress_checkpoint(
+        self, state: _Run, failure: dict[str, Any] | None
+    ) -> AgentRunCheckpoint:
+        """The crash-checkpoint shape: history as of the last completed tool round."""
+        return AgentRunCheckpoint(
+            run_id=state.run_id,
+            history=list(state.progress),
+            last_completed_iteration=state.last_completed,
+            original_input={"message": state.raw_message},
+            checkpointed_at=_now_ms(),
+            failure_point=failure,
+            **self._common(state),
+        )
+
+    def _committed_checkpoint(self, state: _Run) -> AgentRunCheckpoint:
+        history = list(state.progress if not state.finished else state.history)
+        if state.finished and state.answer:
+            history.append({"role": "assistant", "content": state.answer})
+        return AgentRunCheckpoint(
+            run_id=state.run_id,
+            history=history,
+            last_completed_iteration=state.iteration,
+            original_input={"message": state.message},
+            checkpointed_at=_now_ms(),
+            **self._common(state),
+        )
+
+    def _crash(self, state: _Run, exc: Exception) -> RunCheckpointError:
+        iteration = state.iteration or state.last_completed + 1
+        failure: dict[str, Any] = {"iteration": iteration}
+        if state.bracket is not None:
+            failure["phase"], failure["stage"] = state.bracket
+        else:
+            failure["phase"] = classify_failure_phase(exc)
+        checkpoint = self._progress_checkpoint(state, failure)
+        where = {
+            "llm": "during the LLM call",
+            "tool": "during a tool call",
+            "iteration": "between iterations",
+        }.get(failure["phase"], "at an unidentified point")
+        stage = f" (stage: {failure['stage']})" if "stage" in failure else ""
+        message = (
+            f"[agent run] failed at iteration {iteration} {where}{stage}. Last-good checkpoint "
+            f"captured at iteration {state.last_completed}. {resume_advice(exc)} "
+            f"Underlying error: {exc}"
+        )
+        return RunCheckpointError(message, checkpoint=checkpoint, cause=exc)
+
+
+def _count_users(history: Sequence[Message]) -> int:
+    return sum(1 for m in history if m.get("role") == "user")
+
+
+def _add_usage(total: dict[str, int], usage: Mapping[str, Any] | None) -> None:
+    for key, value in (usage or {}).items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            total[key] = total.get(key, 0) + value
+
+
+__all__ = ["Agent", "AgentError", "AgentInput", "AgentResult", "normalize_input"]
