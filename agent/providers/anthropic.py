@@ -56,7 +56,7 @@ class AnthropicProvider:
         key_source = "api_key" if api_key is not None else "ANTHROPIC_API_KEY"
         key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY", "")
         if not key:
-            raise ValueError("AnthropicProvider needs an API key: set ANTHROPIC_API_KEY or api_key=")
+            raise ValueError("AnthropicProvider needs an API key (ANTHROPIC_API_KEY or api_key=)")
         key = check_api_key(key, key_source)
         self.timeout_s = check_timeout(timeout_s)
         url = f"{self.base_url}/v1/messages"
@@ -208,4 +208,3 @@ def _shape(problem: str) -> ProviderResponseError:
     return ProviderResponseError(
         f"anthropic provider: unexpected answer shape: {problem}", status=200
     )
-

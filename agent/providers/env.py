@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from agent.messages import LLMProvider
 from agent.providers import anthropic, openai
+from agent.providers._http import check_api_key, check_base_url
 
 PROVIDER_VAR = "AGENTJOBS_PROVIDER"
 MODEL_VAR = "AGENTJOBS_MODEL"
@@ -36,20 +37,20 @@ def provider_from_env(environ: Mapping[str, str] = os.environ) -> LLMProvider | 
         raise ValueError(f"{MODEL_VAR} must name the model when {PROVIDER_VAR}={choice}")
     timeout_s = _timeout_s(environ)
     if choice == "openai":
-        base_url = _optional(environ, "OPENAI_BASE_URL") or openai.DEFAULT_BASE_URL
-        api_key = _optional(environ, "OPENAI_API_KEY")
-        if api_key is None and base_url.rstrip("/") == openai.DEFAULT_BASE_URL:
+        base_url = _url(environ, "OPENAI_BASE_URL", openai.DEFAULT_BASE_URL)
+        api_key = _key(environ, "OPENAI_API_KEY")
+        if not api_key and base_url == openai.DEFAULT_BASE_URL:
             raise ValueError(f"OPENAI_API_KEY must be set when {PROVIDER_VAR}=openai")
         return openai.OpenAIChatProvider(
-            model, base_url=base_url, api_key=api_key or "", timeout_s=timeout_s
+            model, base_url=base_url, api_key=api_key, timeout_s=timeout_s
         )
-    api_key = _optional(environ, "ANTHROPIC_API_KEY")
-    if api_key is None:
+    api_key = _key(environ, "ANTHROPIC_API_KEY")
+    if not api_key:
         raise ValueError(f"ANTHROPIC_API_KEY must be set when {PROVIDER_VAR}=anthropic")
     return anthropic.AnthropicProvider(
         model,
         api_key=api_key,
-        base_url=_optional(environ, "ANTHROPIC_BASE_URL") or anthropic.DEFAULT_BASE_URL,
+        base_url=_url(environ, "ANTHROPIC_BASE_URL", anthropic.DEFAULT_BASE_URL),
         timeout_s=timeout_s,
     )
 
@@ -57,6 +58,16 @@ def provider_from_env(environ: Mapping[str, str] = os.environ) -> LLMProvider | 
 def _optional(environ: Mapping[str, str], name: str) -> str | None:
     value = environ.get(name, "").strip()
     return value or None
+
+
+def _url(environ: Mapping[str, str], name: str, default: str) -> str:
+    return check_base_url(_optional(environ, name) or default, name)
+
+
+def _key(environ: Mapping[str, str], name: str) -> str:
+    """The key, or '' when unset: '' tells the provider not to look further."""
+    value = _optional(environ, name)
+    return check_api_key(value, name) if value else ""
 
 
 def _timeout_s(environ: Mapping[str, str]) -> float:

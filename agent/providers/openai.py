@@ -54,7 +54,7 @@ class OpenAIChatProvider:
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         key = check_api_key(key, key_source) if key else ""
         if not key and self.base_url == DEFAULT_BASE_URL:
-            raise ValueError("OpenAIChatProvider needs an API key: set OPENAI_API_KEY or api_key=")
+            raise ValueError("OpenAIChatProvider needs an API key (OPENAI_API_KEY or api_key=)")
         self.timeout_s = check_timeout(timeout_s)
         url = f"{self.base_url}/chat/completions"
         self._endpoint = JSONEndpoint(
