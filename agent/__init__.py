@@ -27,6 +27,9 @@ from agent.folding import Compaction, fnv1a, folded_messages, folded_span_for, i
 from agent.identity import encode_namespace
 from agent.messages import LLMProvider, LLMRequest, LLMResponse, ToolCall
 from agent.middleware import Deny, InputContext
+from agent.providers.anthropic import AnthropicProvider
+from agent.providers.env import provider_from_env
+from agent.providers.openai import OpenAIChatProvider
 from agent.providers.scripted import ScriptedProvider, ScriptExhaustedError
 from agent.runtime import Agent, AgentInput, AgentResult
 from agent.skills import SkillGraph
@@ -38,6 +41,7 @@ __all__ = [
     "AgentInput",
     "AgentResult",
     "AgentRunCheckpoint",
+    "AnthropicProvider",
     "CheckpointFormatError",
     "Compaction",
     "ConversationMismatchError",
@@ -49,6 +53,7 @@ __all__ = [
     "LLMResponse",
     "MessageDeniedError",
     "NoConversationError",
+    "OpenAIChatProvider",
     "ProviderConnectionError",
     "ProviderError",
     "ProviderHTTPError",
@@ -72,6 +77,7 @@ __all__ = [
     "folded_messages",
     "folded_span_for",
     "is_compacted_summary",
+    "provider_from_env",
     "tool",
     "validate_checkpoint",
 ]

@@ -355,7 +355,7 @@ class AgentRunCheckpoint:
             value = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise _fail("<checkpoint>", _why_not_json(data, exc)) from None
-        return cls._from_owned(value)
+        return cls.from_parsed(value)
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> AgentRunCheckpoint:
@@ -369,7 +369,8 @@ class AgentRunCheckpoint:
         return cls._build(owned)
 
     @classmethod
-    def _from_owned(cls, value: Any) -> AgentRunCheckpoint:
+    def from_parsed(cls, value: Any) -> AgentRunCheckpoint:
+        """Validate freshly parsed JSON that nobody else holds (no copy is made)."""
         validate_checkpoint(value)
         return cls._build(value)
 
