@@ -1,0 +1,34 @@
+"""agentjobs' job system: agent turns as Celery tasks on Redis, with checkpointed retries,
+backoff, per-conversation order, crash recovery and a dead-letter store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agent import AgentRunCheckpoint
+from tasks.app import app
+from tasks.context import job_context
+from tasks.errors import Reason, TurnDeadLettered
+from tasks.store import namespace_for
+from tasks.turns import resume_turn, run_turn
+
+
+def load_conversation(
+    conversation_id: str, identity: Mapping[str, Any] | None = None
+) -> AgentRunCheckpoint | None:
+    """The conversation as stored after its last completed turn, or None if it has none.
+
+    `identity` ({tenant?, principal?}) selects the namespace, as it did for run_turn.
+    """
+    return job_context().store.load(namespace_for(conversation_id, identity))
+
+
+__all__ = [
+    "Reason",
+    "TurnDeadLettered",
+    "app",
+    "load_conversation",
+    "resume_turn",
+    "run_turn",
+]

@@ -1,0 +1,55 @@
+"""The Celery app, with orjson registered as a serializer under its own content type."""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import orjson
+from celery import Celery
+from celery.signals import after_setup_logger, after_setup_task_logger
+from kombu.serialization import register
+
+from tasks.redact import RedactingFilter
+
+ORJSON_CONTENT_TYPE = "application/x-orjson"
+
+
+def _default(value: Any) -> Any:
+    # Values Celery itself may put in a message or a result; our own payloads are plain JSON.
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, set | frozenset):
+        return list(value)
+    if isinstance(value, Decimal | UUID):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def orjson_dumps(value: Any) -> bytes:
+    return orjson.dumps(value, default=_default)
+
+
+def orjson_loads(data: bytes | str) -> Any:
+    return orjson.loads(data)
+
+
+register(  # type: ignore[no-untyped-call]
+    "orjson",
+    orjson_dumps,
+    orjson_loads,
+    content_type=ORJSON_CONTENT_TYPE,
+    content_encoding="binary",
+)
+
+app = Celery("agentjobs")
+app.config_from_object(os.environ.get("CELERY_CONFIG_MODULE", "celeryconfig"))
+
+
+@after_setup_logger.connect  # type: ignore[untyped-decorator]
+@after_setup_task_logger.connect  # type: ignore[untyped-decorator]
+def _redact_logs(logger: Any, **_: Any) -> None:
+    for handler in logger.handlers:
+        handler.addFilter(RedactingFilter())

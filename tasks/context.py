@@ -1,0 +1,48 @@
+"""One process's view of the job system: settings, the Redis client and the stores on it.
+
+Built once per process on first use (workers, the pump, the CLI and clients all read the same
+environment), so importing `tasks` never opens a connection.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import redis
+
+from tasks.deadletter import DeadLetterStore
+from tasks.keys import Keys
+from tasks.records import TurnRecords
+from tasks.settings import Settings, load_settings
+from tasks.store import ConversationStore
+
+
+@dataclass(frozen=True)
+class JobContext:
+    settings: Settings
+    redis: redis.Redis
+    keys: Keys
+    records: TurnRecords
+    store: ConversationStore
+    dead_letters: DeadLetterStore
+
+
+def build_context(settings: Settings) -> JobContext:
+    client = redis.Redis.from_url(
+        settings.redis_url, health_check_interval=30, socket_keepalive=True
+    )
+    keys = Keys(settings.key_prefix)
+    return JobContext(
+        settings=settings,
+        redis=client,
+        keys=keys,
+        records=TurnRecords(client, keys),
+        store=ConversationStore(client, keys),
+        dead_letters=DeadLetterStore(client, keys, settings.record_ttl_s),
+    )
+
+
+@functools.cache
+def job_context() -> JobContext:
+    return build_context(load_settings())

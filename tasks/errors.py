@@ -1,0 +1,103 @@
+"""The job system's errors and dead-letter reasons.
+
+    JobError                      .code, .reason (a dead-letter reason)
+    ├── BadPayload                a run_turn payload that cannot be a turn
+    ├── UnknownAgent              no agent registered under that name
+    ├── UnreadableConversation    a stored conversation that is not a conversation-v1 envelope
+    ├── PoisonTurn                a turn whose worker died every time it ran
+    └── LeaseLost                 another worker took the conversation over (this one stalled)
+    TurnDeadLettered              what result.get() raises for a turn that ended dead-lettered
+
+TurnDeadLettered is rebuilt by Celery's result backend from (entry_id, reason, message), so its
+constructor takes exactly those, positionally.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    MAX_ATTEMPTS = "max_attempts"
+    NON_RESUMABLE = "non_resumable"
+    POISON = "poison"
+    INVALID_CHECKPOINT = "invalid_checkpoint"
+    UNREADABLE_CONVERSATION = "unreadable_conversation"
+    UNKNOWN_AGENT = "unknown_agent"
+    CONVERSATION_MISMATCH = "conversation_mismatch"
+    BAD_PAYLOAD = "bad_payload"
+    MESSAGE_DENIED = "message_denied"
+    INTERNAL_ERROR = "internal_error"
+
+
+class JobError(Exception):
+    code = "ERR_JOB"
+    reason: Reason = Reason.INTERNAL_ERROR
+
+
+class BadPayload(JobError):
+    code = "ERR_BAD_PAYLOAD"
+    reason = Reason.BAD_PAYLOAD
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"bad run_turn payload: {field}: {problem}")
+
+
+class UnknownAgent(JobError):
+    code = "ERR_UNKNOWN_AGENT"
+    reason = Reason.UNKNOWN_AGENT
+
+    def __init__(self, name: str, known: list[str], problem: str | None = None) -> None:
+        self.name = name
+        what = problem or f"no agent registered as {name!r} (registered: {known})"
+        super().__init__(
+            f"{what}; register it in AGENTS (celeryconfig.py) or AGENTJOBS_AGENTS, then replay "
+            "the dead letter"
+        )
+
+
+class UnreadableConversation(JobError):
+    code = "ERR_UNREADABLE_CONVERSATION"
+    reason = Reason.UNREADABLE_CONVERSATION
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        super().__init__(
+            f"stored conversation {key} is unreadable: {problem}; it was left untouched and is "
+            "not treated as a new conversation"
+        )
+
+
+class PoisonTurn(JobError):
+    code = "ERR_POISON_TURN"
+    reason = Reason.POISON
+
+    def __init__(self, turn_id: str, deliveries: int) -> None:
+        super().__init__(
+            f"turn {turn_id} was started {deliveries} times without finishing (its worker died "
+            "each time); it is set aside instead of killing more workers"
+        )
+
+
+class LeaseLost(JobError):
+    code = "ERR_LEASE_LOST"
+
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(f"turn {turn_id} lost its conversation lease; another worker owns it")
+
+
+class TurnDeadLettered(Exception):
+    code = "ERR_TURN_DEAD_LETTERED"
+
+    def __init__(self, entry_id: str, reason: str, message: str = "") -> None:
+        self.entry_id = entry_id
+        self.reason = reason
+        super().__init__(entry_id, reason, message)
+
+    def __str__(self) -> str:
+        message = self.args[2] if len(self.args) > 2 else ""
+        return (
+            f"turn dead-lettered as {self.entry_id} ({self.reason}): {message}; inspect it with "
+            f"`agentjobs dlq show {self.entry_id}`"
+        )

@@ -1,0 +1,47 @@
+"""Keep secrets out of everything the job system stores or logs: API keys and endpoint URLs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+_KEYISH = re.compile(
+    r"\b(?:sk-(?:ant-|proj-)?[A-Za-z0-9_-]{8,}|(?:Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{8,})"
+)
+_SECRET_ENV = re.compile(r"(?:API_KEY|_TOKEN|_SECRET|PASSWORD)$")
+_MIN_SECRET_LEN = 8
+
+
+def _environment_secrets() -> list[str]:
+    return sorted(
+        (
+            value
+            for name, value in os.environ.items()
+            if _SECRET_ENV.search(name) and len(value) >= _MIN_SECRET_LEN
+        ),
+        key=len,
+        reverse=True,
+    )
+
+
+def redact(text: str) -> str:
+    """`text` with URLs, key-shaped tokens and the values of secret environment variables
+    replaced by placeholders."""
+    for secret in _environment_secrets():
+        text = text.replace(secret, "[redacted-secret]")
+    text = _URL.sub("[redacted-url]", text)
+    return _KEYISH.sub("[redacted-key]", text)
+
+
+class RedactingFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        if record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
