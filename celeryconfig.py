@@ -28,8 +28,12 @@ task_acks_late = True
 task_reject_on_worker_lost = True
 worker_prefetch_multiplier = 1
 
-task_default_queue = "agentjobs.turns"
-task_routes = {"tasks.resume_turn": {"queue": "agentjobs.retry"}}
+# Submitted turns, and the wake-ups of retries, of the next turn of a conversation and of turns
+# whose worker died. A worker consumes both.
+task_default_queue = os.environ.get("AGENTJOBS_TURN_QUEUE", "agentjobs.turns")
+task_routes = {
+    "tasks.resume_turn": {"queue": os.environ.get("AGENTJOBS_RETRY_QUEUE", "agentjobs.retry")}
+}
 
 # Agents by name: "name": "module:factory" (a factory takes no arguments and returns an Agent).
 # AGENTJOBS_AGENTS="name=module:factory,..." adds to these.

@@ -96,6 +96,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     agents = dict(getattr(config, "AGENTS", {}) or {})
     agents.update(parse_agents(env.get("AGENTJOBS_AGENTS", "")))
     values["agents"] = agents
+    values["turn_queue"] = env.get("AGENTJOBS_TURN_QUEUE") or Settings.turn_queue
+    values["retry_queue"] = env.get("AGENTJOBS_RETRY_QUEUE") or Settings.retry_queue
     settings = Settings(**values)
     if settings.backoff_max_s < settings.backoff_base_s:
         raise SettingsError("AGENTJOBS_BACKOFF_MAX_S must be at least AGENTJOBS_BACKOFF_BASE_S")

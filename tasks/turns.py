@@ -392,3 +392,35 @@ class _Turn:
         wake(head)
         logger.warning("turn %s dead-lettered as %s (%s)", self.turn_id, entry_id, reason)
         raise TurnDeadLettered(entry_id, reason, entry["error"])
+
+
+def submit_replay(turn_id: str, entry: Mapping[str, Any]) -> bool:
+    """Enqueue a dead-lettered turn again as `turn_id`, with a fresh retry budget.
+
+    It resumes the entry's checkpoint when the conversation has not moved since the turn
+    started (nothing ran after it); otherwise it runs the message again on the conversation as
+    it is now, so the stored history never forks. Returns whether it resumes the checkpoint.
+    Idempotent for one turn_id: registering is a no-op the second time and a duplicate message
+    is dropped by the turn record.
+    """
+    ctx = job_context()
+    kwargs = entry.get("kwargs")
+    checkpoint = entry.get("checkpoint")
+    namespace = str(entry.get("namespace") or "")
+    resume = False
+    if checkpoint and namespace and entry.get("reason") != Reason.INVALID_CHECKPOINT:
+        try:
+            stored = ctx.store.load(namespace)
+        except (JobError, AgentError):
+            stored = None
+        resume = (stored.run_id if stored else "") == entry.get("baseRunId", "")
+    register_turn(
+        ctx,
+        turn_id,
+        kwargs,
+        checkpoint=orjson.dumps(checkpoint) if resume else b"",
+        replay_of=str(entry.get("id", "")),
+        base_run_id=str(entry.get("baseRunId", "")) if resume else "",
+    )
+    run_turn.apply_async(kwargs=kwargs if isinstance(kwargs, dict) else {}, task_id=turn_id)
+    return resume
