@@ -1,0 +1,104 @@
+"""Fixtures for the job system: one private redis-server per session, and per test a clean
+database, the test's environment in this process (the client side) and its worker processes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.tasks.harness import (
+    Process,
+    RedisServer,
+    job_env,
+    start_pump,
+    start_worker,
+)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    from tasks import app
+
+    # The client side of every test talks to this server; set before anything connects.
+    app.conf.update(broker_url=server.url, result_backend=server.url)
+    yield server
+    server.stop()
+
+
+@dataclass
+class Jobs:
+    """One test's job system: environment, Redis client, and the processes it started."""
+
+    env: dict[str, str]
+    redis: redis.Redis
+    logdir: Path
+    processes: list[Process] = field(default_factory=list)
+
+    def worker(self, **options: Any) -> Process:
+        process = start_worker(self.env, self.logdir, **options)
+        self.processes.append(process)
+        return process
+
+    def pump(self) -> Process:
+        process = start_pump(self.env, self.logdir)
+        self.processes.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+    def logs(self) -> str:
+        return "\n".join(p.log() for p in self.processes)
+
+
+def configure_client(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.context import job_context
+
+    for key in list(os.environ):
+        if key.startswith("AGENTJOBS_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        if key.startswith(("AGENTJOBS_", "REDIS_URL")):
+            monkeypatch.setenv(key, value)
+    job_context.cache_clear()
+
+
+@pytest.fixture
+def make_jobs(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
+    """make_jobs(**env_overrides) -> Jobs, with a flushed database."""
+    started: list[Jobs] = []
+
+    def make(**overrides: str) -> Jobs:
+        client = redis.Redis.from_url(redis_server.url)
+        client.flushdb()
+        env = job_env(redis_server.url, **overrides)
+        configure_client(env, monkeypatch)
+        jobs = Jobs(env=env, redis=client, logdir=tmp_path / "logs")
+        started.append(jobs)
+        return jobs
+
+    yield make
+    for jobs in started:
+        jobs.stop_all()
+    from tasks.context import job_context
+
+    job_context.cache_clear()
+
+
+@pytest.fixture
+def jobs(make_jobs: Any) -> Jobs:
+    """The common case: default test settings, one threads worker and the pump."""
+    running: Jobs = make_jobs()
+    running.worker()
+    running.pump()
+    return running
