@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -147,10 +148,8 @@ class Process:
                 self.popen.wait()
         # A prefork pool's children belong to this worker too; none must outlive the test.
         for child in children_of(self.popen.pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -173,7 +172,8 @@ def start_worker(
 ) -> Process:
     logdir.mkdir(parents=True, exist_ok=True)
     log_path = logdir / f"worker-{name}-{time.monotonic_ns()}.log"
-    queues = f"{env.get('AGENTJOBS_TURN_QUEUE', 'agentjobs.turns')},{env.get('AGENTJOBS_RETRY_QUEUE', 'agentjobs.retry')}"
+    turns = env.get("AGENTJOBS_TURN_QUEUE", "agentjobs.turns")
+    queues = f"{turns},{env.get('AGENTJOBS_RETRY_QUEUE', 'agentjobs.retry')}"
     command = [
         sys.executable,
         "-m",
