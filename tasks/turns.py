@@ -391,7 +391,9 @@ class _Turn:
             raise Ignore()
         wake(head)
         logger.warning("turn %s dead-lettered as %s (%s)", self.turn_id, entry_id, reason)
-        raise TurnDeadLettered(entry_id, reason, entry["error"])
+        # No chained cause: the result backend stores the traceback, and the cause's text is
+        # the provider's, unredacted. The entry holds the redacted error.
+        raise TurnDeadLettered(entry_id, reason, entry["error"]) from None
 
 
 def submit_replay(turn_id: str, entry: Mapping[str, Any]) -> bool:
