@@ -169,6 +169,7 @@ def start_worker(
     name: str = "w1",
     pool: str = "threads",
     concurrency: int = 8,
+    extra_args: list[str] | None = None,
 ) -> Process:
     logdir.mkdir(parents=True, exist_ok=True)
     log_path = logdir / f"worker-{name}-{time.monotonic_ns()}.log"
@@ -193,6 +194,7 @@ def start_worker(
         "INFO",
         "--without-mingle",
         "--without-gossip",
+        *(extra_args or []),
     ]
     popen = subprocess.Popen(
         command, env=dict(env), cwd=ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT
