@@ -70,3 +70,55 @@ def answer(text: str) -> LLMResponse:
 def without_volatile(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """runId and checkpointedAt differ on every run (compat README)."""
     return {k: v for k, v in checkpoint.items() if k not in ("runId", "checkpointedAt")}
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers for the rule-by-rule tests
+
+RUN_ID_PATTERN = r"^run-\d+-\d+$"
+
+
+def wire_checkpoint(**fields: Any) -> dict[str, Any]:
+    """A valid v1 checkpoint in wire shape (one finished turn); keyword args replace keys."""
+    base: dict[str, Any] = {
+        "version": 1,
+        "runId": "run-1796000000000-1",
+        "history": [
+            {"role": "user", "content": "Where is my order A-17?"},
+            {"role": "assistant", "content": ORDER_ANSWER},
+        ],
+        "lastCompletedIteration": 1,
+        "originalInput": {"message": "Where is my order A-17?"},
+        "checkpointedAt": 1796000000000,
+    }
+    base.update(fields)
+    return base
+
+
+def drop(wire: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in wire.items() if k not in keys}
+
+
+def plain_agent(steps: Sequence[Step], **options: Any) -> tuple[Agent, ScriptedProvider]:
+    """An agent with no tools and no id unless given: the smallest thing that runs a turn."""
+    provider = ScriptedProvider(steps)
+    options.setdefault("model", "mock-model")
+    return Agent(provider=provider, **options), provider
+
+
+def sent_messages(provider: ScriptedProvider, index: int = 0) -> list[dict[str, Any]]:
+    return [dict(m) for m in provider.requests[index].messages]
+
+
+def system_prompts(provider: ScriptedProvider) -> list[str]:
+    return [r.system_prompt for r in provider.requests]
+
+
+def tool_call(call_id: str, name: str, **args: Any) -> LLMResponse:
+    return LLMResponse(content="", tool_calls=[ToolCall(id=call_id, name=name, args=args)])
+
+
+def wire_of(agent: Agent) -> dict[str, Any]:
+    checkpoint = agent.checkpoint()
+    assert checkpoint is not None, "the agent has no conversation yet"
+    return checkpoint.to_dict()
