@@ -11,6 +11,7 @@ top-level (kept in `extra`) and inside messages, are carried through unchanged (
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,8 +73,13 @@ _STANDING = frozenset({"fact", "open", "noise", "ruled-out"})
 
 
 def _is_number(value: object) -> bool:
-    # NaN is a float but not a JSON number.
-    return (type(value) is int or type(value) is float) and value == value
+    # NaN and the infinities are floats but not JSON numbers.
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
+def _one_of(value: object, options: frozenset[str]) -> bool:
+    # Membership on a frozenset hashes the value: a list or dict must fail the check, not raise.
+    return isinstance(value, str) and value in options
 
 
 def _is_int(value: object) -> bool:
@@ -218,7 +224,7 @@ def _check_ledger(rows: object) -> None:
             _check_standing(where, row)
         elif kind == "conflict":
             _check_conflict(where, row)
-        elif kind not in _LATER_LEDGER_KINDS:
+        elif not _one_of(kind, _LATER_LEDGER_KINDS):
             shown = repr(kind)[:60] if isinstance(kind, str) else _describe(kind)
             raise _fail(f"{where}.kind", f"unknown ledger row kind {shown}")
 
@@ -233,9 +239,9 @@ def _check_basis(where: str, row: Mapping[str, Any]) -> None:
     _require(where, row, "toolCallId", isinstance(row.get("toolCallId"), str), "a string")
     _require(where, row, "toolName", isinstance(row.get("toolName"), str), "a string")
     _require(where, row, "iteration", _is_number(row.get("iteration")), "a number")
-    _require(where, row, "basis", row.get("basis") in _BASIS, "direct or exploratory")
+    _require(where, row, "basis", _one_of(row.get("basis"), _BASIS), "direct or exploratory")
     if "expect" in row:
-        _require(where, row, "expect", row["expect"] in _EXPECT, "low, medium or high")
+        _require(where, row, "expect", _one_of(row["expect"], _EXPECT), "low, medium or high")
     for key in ("proposition", "predicts"):
         if key in row:
             _require(where, row, key, isinstance(row[key], str), "a string")
@@ -246,7 +252,11 @@ def _check_basis(where: str, row: Mapping[str, Any]) -> None:
 def _check_standing(where: str, row: Mapping[str, Any]) -> None:
     _require(where, row, "toolCallId", isinstance(row.get("toolCallId"), str), "a string")
     _require(
-        where, row, "standing", row.get("standing") in _STANDING, "fact, open, noise or ruled-out"
+        where,
+        row,
+        "standing",
+        _one_of(row.get("standing"), _STANDING),
+        "fact, open, noise or ruled-out",
     )
     _require(where, row, "assertions", isinstance(row.get("assertions"), list), "an array")
     declared = row.get("declaredOn")
@@ -306,7 +316,7 @@ def _check_carried_shapes(value: Mapping[str, Any]) -> None:
                 raise _fail(f"folded[{index}].messages", "must be an array")
     failure = value.get("failurePoint")
     if failure is not None and not (
-        isinstance(failure, Mapping) and failure.get("phase") in _FAILURE_PHASES
+        isinstance(failure, Mapping) and _one_of(failure.get("phase"), _FAILURE_PHASES)
     ):
         raise _fail("failurePoint", "must be an object {iteration, phase, stage?}")
     claims = value.get("claimVerification")

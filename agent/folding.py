@@ -101,7 +101,13 @@ class Compaction:
             raise ValueError("Compaction needs 1 <= keep_last < max_messages")
 
     def fold(
-        self, history: list[Message], *, run_id: str, iteration: int, model: str
+        self,
+        history: list[Message],
+        *,
+        run_id: str,
+        iteration: int,
+        model: str,
+        fold_number: int = 1,
     ) -> tuple[list[Message], dict[str, Any]] | None:
         """The compacted history and its new span, or None when nothing needs folding."""
         if len(history) <= self.max_messages:
@@ -116,7 +122,9 @@ class Compaction:
         text = (self.summarize or _default_summary)(removed)
         summary: Message = {
             "role": "user",
-            "content": f"{SUMMARY_PREFIX}: {len(removed)} messages]\n{text}",
+            # The fold number keeps two summaries of the same text apart: spans are joined to
+            # their summary by fingerprint alone.
+            "content": f"{SUMMARY_PREFIX} #{fold_number}: {len(removed)} messages]\n{text}",
         }
         span: dict[str, Any] = {
             "summaryFingerprint": fnv1a(summary["content"]),

@@ -79,12 +79,29 @@ def request_messages(history: Sequence[Message]) -> list[Message]:
     return out
 
 
+def is_unicode_text(text: str) -> bool:
+    """False for a str holding a lone surrogate: valid Python, but not writable as UTF-8 JSON."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unicode_text(text: str) -> str:
+    """`text` with lone surrogates replaced by U+FFFD (surrogate pairs are joined), so text
+    from tools and providers can always be written into a checkpoint."""
+    if is_unicode_text(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 def user_message(content: str) -> Message:
     return {"role": "user", "content": content}
 
 
 def assistant_message(response: LLMResponse) -> Message:
-    message: Message = {"role": "assistant", "content": response.content}
+    message: Message = {"role": "assistant", "content": unicode_text(response.content)}
     if response.tool_calls:
         message["toolCalls"] = [call.to_wire() for call in response.tool_calls]
     if response.thinking_blocks:
@@ -93,4 +110,9 @@ def assistant_message(response: LLMResponse) -> Message:
 
 
 def tool_message(call_id: str, tool_name: str, content: str) -> Message:
-    return {"role": "tool", "content": content, "toolCallId": call_id, "toolName": tool_name}
+    return {
+        "role": "tool",
+        "content": unicode_text(content),
+        "toolCallId": call_id,
+        "toolName": tool_name,
+    }

@@ -37,8 +37,10 @@ from agent.messages import (
     LLMResponse,
     Message,
     assistant_message,
+    is_unicode_text,
     request_messages,
     tool_message,
+    unicode_text,
     user_message,
 )
 from agent.middleware import InputMiddleware, run_input_chain
@@ -111,6 +113,10 @@ def _check_message(message: object, field_name: str) -> None:
         raise InvalidRunInputError(field_name, "must be a string")
     if not message.strip():
         raise InvalidRunInputError(field_name, "must not be empty or whitespace only")
+    if not is_unicode_text(message):
+        raise InvalidRunInputError(
+            field_name, "contains a lone UTF-16 surrogate; it is not Unicode text"
+        )
     if len(message) > MAX_MESSAGE_UTF16_UNITS // 2 and (
         len(message.encode("utf-16-le", "surrogatepass")) // 2 > MAX_MESSAGE_UTF16_UNITS
     ):
@@ -438,10 +444,10 @@ class Agent:
             if isinstance(exc, MessageDeniedError):
                 raise
             raise self._crash(state, exc) from exc
-        state.answer, state.finished = content, True
+        state.answer, state.finished = unicode_text(content), True
         self._commit(state)
         return AgentResult(
-            content=content,
+            content=state.answer,
             run_id=state.run_id,
             turn_number=state.turn,
             iterations=state.iteration,
@@ -501,7 +507,7 @@ class Agent:
                     raise
                 except Exception as exc:
                     # Reported to the model, which decides what to do next (fixture c1).
-                    content = str(exc) or type(exc).__name__
+                    content = unicode_text(str(exc) or type(exc).__name__)
             state.bracket = None
             history.append(tool_message(call.id, call.name, content))
         state.history = history
@@ -520,7 +526,11 @@ class Agent:
         if self.compaction is None:
             return
         folded = self.compaction.fold(
-            state.history, run_id=state.run_id, iteration=state.iteration, model=self.model
+            state.history,
+            run_id=state.run_id,
+            iteration=state.iteration,
+            model=self.model,
+            fold_number=len(state.folded) + 1,
         )
         if folded is None:
             return
