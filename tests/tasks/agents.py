@@ -6,7 +6,15 @@ import os
 import signal
 from typing import Any
 
-from agent import Agent, LLMRequest, LLMResponse, ProviderHTTPError, ToolCall, tool
+from agent import (
+    Agent,
+    LLMRequest,
+    LLMResponse,
+    OpenAIChatProvider,
+    ProviderHTTPError,
+    ToolCall,
+    tool,
+)
 from tasks.demo_agents import _SlowAwareProvider, lookup_order
 
 
@@ -65,3 +73,17 @@ def build_leaky_agent() -> Agent:
 
 def build_nothing() -> Any:
     return None
+
+
+# The test's OpenAI-compatible server, for agents on a real HTTP provider.
+TEST_OPENAI_BASE_URL = "AGENTJOBS_TEST_OPENAI_BASE_URL"
+
+
+def build_openai_agent() -> Agent:
+    """An agent on the real OpenAI provider, talking to the server the test started."""
+    provider = OpenAIChatProvider(
+        model="fake-model",
+        base_url=os.environ[TEST_OPENAI_BASE_URL],
+        api_key="sk-test-0123456789abcdef",
+    )
+    return Agent(provider=provider, model="fake-model", id="openai")
