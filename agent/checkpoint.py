@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -77,6 +76,11 @@ def _is_number(value: object) -> bool:
     return type(value) is int or (type(value) is float and math.isfinite(value))
 
 
+def _is_object(value: object) -> TypeGuard[Mapping[str, Any]]:
+    # A dict (what orjson makes) is checked without the slower ABC test.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _one_of(value: object, options: frozenset[str]) -> bool:
     # Membership on a frozenset hashes the value: a list or dict must fail the check, not raise.
     return isinstance(value, str) and value in options
@@ -120,7 +124,7 @@ def _fail(field_name: str, problem: str) -> CheckpointFormatError:
 
 def validate_checkpoint(value: object) -> None:
     """Raise CheckpointFormatError naming the first field that is wrong (CHECKPOINT.md 1.3)."""
-    if not isinstance(value, Mapping):
+    if not _is_object(value):
         raise _fail("<checkpoint>", f"not an object (got {_describe(value)})")
     version = value.get("version")
     if type(version) not in (int, float) or version != CHECKPOINT_VERSION:
@@ -139,7 +143,7 @@ def validate_checkpoint(value: object) -> None:
             f"must be a number, got {_describe(value.get('lastCompletedIteration'))}",
         )
     original = value.get("originalInput")
-    if not isinstance(original, Mapping):
+    if not _is_object(original):
         raise _fail("originalInput", f"required object, got {_describe(original)}")
     if not isinstance(original.get("message"), str):
         raise _fail(
@@ -174,7 +178,7 @@ def _check_history(history: list[Any]) -> None:
         where = f"history[{index}]"
         if message is None:
             raise _fail(where, "is null; every message must be an object with role and content")
-        if not isinstance(message, Mapping):
+        if not _is_object(message):
             raise _fail(where, f"must be an object, got {_describe(message)}")
         problems = [
             f"{key} is missing" if key not in message else f"{key} is {_describe(message[key])}"
@@ -187,7 +191,7 @@ def _check_history(history: list[Any]) -> None:
 
 def _check_evidence_recovery(value: object) -> None:
     name = "evidenceRecovery"
-    if not isinstance(value, Mapping):
+    if not _is_object(value):
         raise _fail(name, f"must be an object, got {_describe(value)}")
     unknown = sorted(set(value) - {"revisionSpent", "pending"})
     if unknown:
@@ -196,7 +200,7 @@ def _check_evidence_recovery(value: object) -> None:
         raise _fail(f"{name}.revisionSpent", "must be true")
     if "pending" in value:
         pending = value["pending"]
-        if not isinstance(pending, Mapping) or set(pending) != {"instruction"}:
+        if not _is_object(pending) or set(pending) != {"instruction"}:
             raise _fail(f"{name}.pending", "must be an object whose only key is instruction")
         instruction = pending["instruction"]
         if not isinstance(instruction, str) or not instruction:
@@ -213,7 +217,7 @@ def _check_ledger(rows: object) -> None:
         raise _fail("findingsLedger", f"must be an array, got {_describe(rows)}")
     for index, row in enumerate(rows):
         where = f"findingsLedger[{index}]"
-        if not isinstance(row, Mapping):
+        if not _is_object(row):
             raise _fail(where, f"must be an object, got {_describe(row)}")
         if "turn" in row and not _is_number(row["turn"]):
             raise _fail(f"{where}.turn", f"must be a number, got {_describe(row['turn'])}")
@@ -261,7 +265,7 @@ def _check_standing(where: str, row: Mapping[str, Any]) -> None:
     _require(where, row, "assertions", isinstance(row.get("assertions"), list), "an array")
     declared = row.get("declaredOn")
     declared_ok = declared == "answer" or (
-        isinstance(declared, Mapping) and isinstance(declared.get("toolCallId"), str)
+        _is_object(declared) and isinstance(declared.get("toolCallId"), str)
     )
     _require(where, row, "declaredOn", declared_ok, "'answer' or {toolCallId}")
     _require(where, row, "iteration", _is_number(row.get("iteration")), "a number")
@@ -277,11 +281,11 @@ def _check_conflict(where: str, row: Mapping[str, Any]) -> None:
     _require(where, row, "witnesses", isinstance(witnesses, list), "an array")
     assert isinstance(witnesses, list)
     for index, witness in enumerate(witnesses):
-        subject = witness.get("subject") if isinstance(witness, Mapping) else None
+        subject = witness.get("subject") if _is_object(witness) else None
         if not (
-            isinstance(witness, Mapping)
+            _is_object(witness)
             and isinstance(witness.get("toolCallId"), str)
-            and isinstance(subject, Mapping)
+            and _is_object(subject)
             and "kind" in subject
             and "id" in subject
             and "predicate" in witness
@@ -297,30 +301,30 @@ def _check_carried_shapes(value: Mapping[str, Any]) -> None:
     agent, folded list or failurePoint of the wrong type fails here, by name."""
     identity = value.get("identity")
     if identity is not None:
-        if not isinstance(identity, Mapping):
+        if not _is_object(identity):
             raise _fail("identity", f"must be an object, got {_describe(identity)}")
         for key in ("tenant", "principal", "conversationId"):
             if identity.get(key) is not None and not isinstance(identity[key], str):
                 raise _fail(f"identity.{key}", f"must be a string, got {_describe(identity[key])}")
     agent = value.get("agent")
-    if agent is not None and not (isinstance(agent, Mapping) and isinstance(agent.get("id"), str)):
+    if agent is not None and not (_is_object(agent) and isinstance(agent.get("id"), str)):
         raise _fail("agent", "must be an object {id: string}")
     folded = value.get("folded")
     if folded is not None:
         if not isinstance(folded, list):
             raise _fail("folded", f"must be an array, got {_describe(folded)}")
         for index, span in enumerate(folded):
-            if not isinstance(span, Mapping):
+            if not _is_object(span):
                 raise _fail(f"folded[{index}]", f"must be an object, got {_describe(span)}")
             if "messages" in span and not isinstance(span["messages"], list):
                 raise _fail(f"folded[{index}].messages", "must be an array")
     failure = value.get("failurePoint")
     if failure is not None and not (
-        isinstance(failure, Mapping) and _one_of(failure.get("phase"), _FAILURE_PHASES)
+        _is_object(failure) and _one_of(failure.get("phase"), _FAILURE_PHASES)
     ):
         raise _fail("failurePoint", "must be an object {iteration, phase, stage?}")
     claims = value.get("claimVerification")
-    if claims is not None and not isinstance(claims, Mapping):
+    if claims is not None and not _is_object(claims):
         raise _fail("claimVerification", f"must be an object, got {_describe(claims)}")
 
 
@@ -328,30 +332,88 @@ def _check_carried_shapes(value: Mapping[str, Any]) -> None:
 # the value
 
 
-@dataclass(frozen=True, slots=True)
+def _wire_property(key: str, doc: str) -> property:
+    def read(self: AgentRunCheckpoint) -> Any:
+        return self._wire.get(key)
+
+    return property(read, doc=doc)
+
+
 class AgentRunCheckpoint:
     """One conversation (or one failed run of it), as the AgentRunCheckpoint v1 wire format.
 
-    Immutable: the nested wire data is shared, never edited; `to_dict()` hands out a deep copy.
+    Immutable. It holds the validated wire dict itself, so loading adds one validation pass to
+    orjson and writing is one orjson call; the attributes read that dict (absent keys read as
+    None). Nested data is shared and must not be edited; `to_dict()` hands out a deep copy.
+    Keys keep the order they were read in, so a checkpoint read and written again is the same
+    JSON; checkpoints built here use the reference runtime's order.
     """
 
-    run_id: str
-    history: list[dict[str, Any]]
-    last_completed_iteration: int | float
-    original_input: dict[str, Any]
-    checkpointed_at: int | float | None = None
-    failure_point: dict[str, Any] | None = None
-    folded: list[dict[str, Any]] | None = None
-    findings_ledger: list[dict[str, Any]] | None = None
-    claim_verification: dict[str, Any] | None = None
-    turn_number: int | None = None
-    evidence_recovery: dict[str, Any] | None = None
-    identity: dict[str, Any] | None = None
-    skill_cursor: str | None = None
-    agent: dict[str, Any] | None = None
-    # Top-level keys this runtime does not know, written back unchanged (D2).
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    version: int = CHECKPOINT_VERSION
+    __slots__ = ("_wire",)
+    _wire: dict[str, Any]
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        history: list[dict[str, Any]],
+        last_completed_iteration: int | float,
+        original_input: dict[str, Any],
+        checkpointed_at: int | float | None = None,
+        failure_point: dict[str, Any] | None = None,
+        folded: list[dict[str, Any]] | None = None,
+        findings_ledger: list[dict[str, Any]] | None = None,
+        claim_verification: dict[str, Any] | None = None,
+        turn_number: int | None = None,
+        evidence_recovery: dict[str, Any] | None = None,
+        identity: dict[str, Any] | None = None,
+        skill_cursor: str | None = None,
+        agent: dict[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        version: int = CHECKPOINT_VERSION,
+    ) -> None:
+        values = locals()
+        wire = {key: values[attr] for key, attr in _KNOWN_KEYS.items() if values[attr] is not None}
+        for key, item in (extra or {}).items():
+            wire.setdefault(key, item)
+        object.__setattr__(self, "_wire", wire)
+
+    version = _wire_property("version", "Always 1.")
+    run_id = _wire_property("runId", "The run that wrote it; never reused.")
+    history = _wire_property("history", "The conversation: wire-shape message dicts.")
+    last_completed_iteration = _wire_property("lastCompletedIteration", "Diagnostic.")
+    original_input = _wire_property("originalInput", "{message}: the turn's message.")
+    checkpointed_at = _wire_property("checkpointedAt", "Epoch ms; diagnostic.")
+    failure_point = _wire_property("failurePoint", "{iteration, phase, stage?}: crashes only.")
+    folded = _wire_property("folded", "Folded spans, oldest first.")
+    findings_ledger = _wire_property("findingsLedger", "Ledger rows.")
+    claim_verification = _wire_property("claimVerification", "Opaque; carried verbatim.")
+    turn_number = _wire_property("turnNumber", "The turn the history ends on.")
+    evidence_recovery = _wire_property("evidenceRecovery", "{revisionSpent, pending?}.")
+    identity = _wire_property("identity", "The caller-explicit identity.")
+    skill_cursor = _wire_property("skillCursor", "The skill graph cursor.")
+    agent = _wire_property("agent", "{id}: only when the recording agent was named.")
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """Top-level keys this runtime does not know, written back unchanged (D2)."""
+        return {k: v for k, v in self._wire.items() if k not in _KNOWN_KEYS}
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"AgentRunCheckpoint is immutable (cannot set {name})")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AgentRunCheckpoint):
+            return NotImplemented
+        return self._wire == other._wire
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"AgentRunCheckpoint(run_id={self.run_id!r}, messages={len(self.history)}, "
+            f"keys={list(self._wire)})"
+        )
 
     # -- decoding ---------------------------------------------------------------------------
 
@@ -376,46 +438,35 @@ class AgentRunCheckpoint:
             owned = orjson.loads(orjson.dumps(value, option=_STRICT_DUMPS))
         except TypeError as exc:
             raise _fail("<checkpoint>", f"not plain JSON data: {exc}") from None
-        return cls._build(owned)
+        return cls._wrap(owned)
 
     @classmethod
     def from_parsed(cls, value: Any) -> AgentRunCheckpoint:
         """Validate freshly parsed JSON that nobody else holds (no copy is made)."""
         validate_checkpoint(value)
-        return cls._build(value)
+        return cls._wrap(value)
 
     @classmethod
-    def _build(cls, value: dict[str, Any]) -> AgentRunCheckpoint:
-        known: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
-        for key, item in value.items():
-            attr = _KNOWN_KEYS.get(key)
-            if attr is None:
-                extra[key] = item
-            elif item is not None or key not in _NULL_MEANS_ABSENT:
-                known[attr] = item
-        return cls(extra=extra, **known)
+    def _wrap(cls, value: dict[str, Any]) -> AgentRunCheckpoint:
+        if any(value.get(key, 0) is None for key in _NULL_MEANS_ABSENT):
+            value = {k: v for k, v in value.items() if v is not None or k not in _NULL_MEANS_ABSENT}
+        checkpoint = object.__new__(cls)
+        object.__setattr__(checkpoint, "_wire", value)
+        return checkpoint
 
     # -- encoding ---------------------------------------------------------------------------
 
     def wire(self) -> dict[str, Any]:
-        """The wire dict, sharing nested data with this value (read-only use; see to_dict)."""
-        out: dict[str, Any] = {}
-        for key, attr in _KNOWN_KEYS.items():
-            item = getattr(self, attr)
-            if item is not None:
-                out[key] = item
-        for key, item in self.extra.items():
-            out.setdefault(key, item)
-        return out
+        """The wire dict itself, shared with this value: read it, never edit it (see to_dict)."""
+        return self._wire
 
     def to_dict(self) -> dict[str, Any]:
         """The exact camelCase wire shape as a fresh deep copy; absent keys are absent."""
-        result: dict[str, Any] = orjson.loads(orjson.dumps(self.wire()))
+        result: dict[str, Any] = orjson.loads(orjson.dumps(self._wire))
         return result
 
     def to_json(self) -> bytes:
-        return orjson.dumps(self.wire())
+        return orjson.dumps(self._wire)
 
 
 _STRICT_DUMPS = (
