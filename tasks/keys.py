@@ -48,6 +48,12 @@ class Keys:
         return f"{self.prefix}:pending"
 
     @property
+    def finished(self) -> str:
+        """Sorted set turn_id -> end time (epoch ms): ended turns whose Celery result the pump
+        has not yet confirmed (it writes the result again if the worker could not)."""
+        return f"{self.prefix}:finished"
+
+    @property
     def dead_letters(self) -> str:
         """Hash entry_id -> entry JSON: the dead-letter store. Kept until purged."""
         return f"{self.prefix}:dlq"

@@ -20,9 +20,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+import orjson
 import redis
+from celery import states
 
+from tasks.app import app
 from tasks.context import JobContext, job_context
+from tasks.errors import TurnDeadLettered
 from tasks.records import now_ms
 from tasks.redact import RedactingFilter
 from tasks.turns import wake
@@ -36,6 +40,37 @@ class Tick:
     retries: int = 0
     expired: int = 0
     stalled: int = 0
+    results: int = 0
+
+
+def confirm_results(ctx: JobContext, now: int) -> int:
+    """Write the Celery result of ended turns that lack one; returns how many were written.
+
+    A worker stores a turn's result moments after the turn ends. Past result_grace_s the pump
+    checks that it is there, and writes it from the turn record if the worker could not (Redis
+    was restarting, or the worker was killed between the two writes), so result.get() returns.
+    """
+    records, keys = ctx.records, ctx.keys
+    backend = app.backend
+    grace_ms = int(ctx.settings.result_grace_s * 1000)
+    written = 0
+    for turn_id in records.take_due(
+        keys.finished, before_ms=now - grace_ms, limit=BATCH, bump_ms=grace_ms
+    ):
+        if not backend.client.exists(backend.get_key_for_task(turn_id)):
+            record = records.get(turn_id)
+            if record is not None and record.state == "succeeded":
+                backend.store_result(turn_id, orjson.loads(record.get("result")), states.SUCCESS)
+                written += 1
+            elif record is not None and record.state == "dead_lettered":
+                entry = ctx.dead_letters.get(record.get("dlq_id")) or {}
+                error = TurnDeadLettered(
+                    record.get("dlq_id"), record.get("reason"), str(entry.get("error", ""))
+                )
+                backend.mark_as_failure(turn_id, error)
+                written += 1
+        ctx.redis.zrem(keys.finished, turn_id)
+    return written
 
 
 def pump_once(ctx: JobContext) -> Tick:
@@ -69,7 +104,8 @@ def pump_once(ctx: JobContext) -> Tick:
         if (not record.namespace or at_head) and records.lease_holder(record.namespace) is None:
             wake(turn_id)
             stalled += 1
-    return Tick(retries=len(due), expired=expired, stalled=stalled)
+    results = confirm_results(ctx, now)
+    return Tick(retries=len(due), expired=expired, stalled=stalled, results=results)
 
 
 def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = None) -> None:
@@ -83,12 +119,14 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
         started = time.monotonic()
         try:
             tick = pump_once(ctx)
-            if tick.retries or tick.expired or tick.stalled:
+            if tick.retries or tick.expired or tick.stalled or tick.results:
                 logger.info(
-                    "woke %d due retries, %d turns of dead workers, %d stalled turns",
+                    "woke %d due retries, %d turns of dead workers, %d stalled turns; "
+                    "wrote %d missing results",
                     tick.retries,
                     tick.expired,
                     tick.stalled,
+                    tick.results,
                 )
         except redis.RedisError:
             logger.warning("pump: Redis unavailable, trying again", exc_info=True)

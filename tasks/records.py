@@ -64,6 +64,7 @@ if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[1] then return {'not_head'} end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'busy'} end
 redis.call('SET', KEYS[3], ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[4])
 local deliveries = redis.call('HINCRBY', KEYS[1], 'deliveries', 1)
+if deliveries > 1 then redis.call('HINCRBY', KEYS[1], 'redeliveries', 1) end
 redis.call('HSET', KEYS[1], 'state', 'running', 'token', ARGV[2], 'worker', ARGV[5],
   'started_at_ms', ARGV[3], 'updated_at_ms', ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[1])
@@ -83,7 +84,7 @@ end
 return 1
 """
 
-# KEYS: turn, lease, running, convq, conversation, pending
+# KEYS: turn, lease, running, convq, conversation, pending, finished
 # ARGV: turn_id, token, now_ms, envelope, result, ttl_s
 _SUCCEED = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] .. '|' .. ARGV[2] then return {'lost'} end
@@ -91,6 +92,7 @@ redis.call('SET', KEYS[5], ARGV[4])
 redis.call('HSET', KEYS[1], 'state', 'succeeded', 'result', ARGV[5], 'finished_at_ms', ARGV[3],
   'updated_at_ms', ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('ZADD', KEYS[7], ARGV[3], ARGV[1])
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('LREM', KEYS[4], 1, ARGV[1])
@@ -112,7 +114,7 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 return 1
 """
 
-# KEYS: turn, lease, running, convq, retries, pending, dlq, dlq_index
+# KEYS: turn, lease, running, convq, retries, pending, dlq, dlq_index, finished
 # ARGV: turn_id, token ('' when the turn was never claimed), now_ms, entry_id, entry, reason,
 #       ttl_s
 _DEAD_LETTER = """
@@ -126,6 +128,7 @@ redis.call('ZADD', KEYS[8], ARGV[3], ARGV[4])
 redis.call('HSET', KEYS[1], 'state', 'dead_lettered', 'dlq_id', ARGV[4], 'reason', ARGV[6],
   'finished_at_ms', ARGV[3], 'updated_at_ms', ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[7])
+redis.call('ZADD', KEYS[9], ARGV[3], ARGV[1])
 if ARGV[2] ~= '' then redis.call('DEL', KEYS[2]) end
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
@@ -320,6 +323,7 @@ class TurnRecords:
                 keys.conversation_queue(namespace),
                 keys.conversation(namespace),
                 keys.pending,
+                keys.finished,
             ],
             args=[turn_id, token, now_ms(), envelope, result, ttl_s],
         )
@@ -367,6 +371,7 @@ class TurnRecords:
                 keys.pending,
                 keys.dead_letters,
                 keys.dead_letter_index,
+                keys.finished,
             ],
             args=[turn_id, token, now_ms(), entry_id, entry, reason, ttl_s],
         )

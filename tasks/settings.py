@@ -30,6 +30,8 @@ class Settings:
     # A queued turn at the head of its conversation that no worker started for this long is
     # woken again (its message was lost with a dead worker or a failed publish).
     stall_after_s: float = 60.0
+    # How long after a turn ends the pump checks that its Celery result was stored.
+    result_grace_s: float = 5.0
     record_ttl_s: int = 7 * 24 * 3600
     turn_queue: str = "agentjobs.turns"
     retry_queue: str = "agentjobs.retry"
@@ -45,6 +47,7 @@ _NUMBERS: dict[str, tuple[str, type]] = {
     "AGENTJOBS_PUMP_INTERVAL_S": ("pump_interval_s", float),
     "AGENTJOBS_STALL_AFTER_S": ("stall_after_s", float),
     "AGENTJOBS_RECORD_TTL_S": ("record_ttl_s", int),
+    "AGENTJOBS_RESULT_GRACE_S": ("result_grace_s", float),
 }
 
 

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from celery.result import AsyncResult
 
-from tasks import TurnDeadLettered, load_conversation, run_turn
+from tasks import TurnDeadLettered, app, load_conversation, run_turn
 from tasks.context import job_context
+from tests.tasks.harness import wait_until
 
 
 def outcome(result: AsyncResult, timeout_s: float = 60) -> tuple[str, Any]:
@@ -124,3 +125,29 @@ def test_two_tenants_with_one_conversation_id_never_share_history(
     assert [m["content"] for m in stored_b.history] == ["from B", "Done: from B"]
     assert [m["content"] for m in stored_a.history] == ["from A", "Done: from A"]
     assert stored_b.identity == {**identity_b, "conversationId": "shared"}
+
+
+def test_a_result_the_worker_could_not_store_is_written_by_the_pump(make_jobs: Any) -> None:
+    jobs = make_jobs(AGENTJOBS_RESULT_GRACE_S="2")
+    jobs.worker()
+    jobs.pump()
+    done = run_turn.delay(agent="demo", conversation_id="r1", message="fine")
+    refused = run_turn.delay(agent="demo", conversation_id="r2", message="no fail:401")
+    expected = done.get(timeout=30)
+    assert outcome(refused)[0] == "dead_lettered"
+    # As if Redis had lost both results between the turn's end and Celery's write.
+    backend = app.backend
+    jobs.redis.delete(backend.get_key_for_task(done.id), backend.get_key_for_task(refused.id))
+    wait_until(
+        lambda: (
+            jobs.redis.exists(backend.get_key_for_task(done.id))
+            and jobs.redis.exists(backend.get_key_for_task(refused.id))
+        ),
+        10,
+        "the pump to write the missing results",
+    )
+    assert AsyncResult(done.id, app=app).get(timeout=5) == expected
+    with pytest.raises(TurnDeadLettered) as caught:
+        AsyncResult(refused.id, app=app).get(timeout=5)
+    assert caught.value.reason == "non_resumable"
+    assert caught.value.entry_id == f"dl-{refused.id}"
