@@ -14,6 +14,7 @@ Counters live in Redis under the demo key prefix, so they survive retries in oth
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 
 from agent import (
     Agent,
+    LLMProvider,
     LLMRequest,
     LLMResponse,
     ProviderHTTPError,
@@ -146,9 +148,16 @@ class _SlowAwareProvider(DirectiveProvider):
         return LLMResponse(content=response.content, tool_calls=calls)
 
 
+@functools.cache
+def _provider() -> LLMProvider:
+    # One provider per worker process, shared by every turn's Agent: its HTTP client keeps its
+    # connections across turns (providers are thread-safe; an Agent runs one turn at a time).
+    return provider_from_env() or _SlowAwareProvider()
+
+
 def build_demo_agent() -> Agent:
     """The demo's agent: a real provider when AGENTJOBS_PROVIDER names one, else directives."""
-    provider = provider_from_env() or _SlowAwareProvider()
+    provider = _provider()
     return Agent(
         provider=provider,
         model="demo-model",
