@@ -27,7 +27,6 @@ from agent import (
     LLMResponse,
     ProviderHTTPError,
     ToolCall,
-    ToolContext,
     fnv1a,
     tool,
 )
@@ -118,12 +117,9 @@ def lookup_order(
     orderId: str,
     turn: str = "",
     round: int = 0,
-    ctx: ToolContext | None = None,
 ) -> dict[str, Any]:
     context = job_context()
     slow_s = Directives.read(orderId).slow_s
-    if ctx is not None:
-        del ctx
     context.redis.hincrby(demo_counter(f"tool:{turn}"), str(round), 1)
     if slow_s:
         time.sleep(slow_s)

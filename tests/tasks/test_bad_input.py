@@ -12,6 +12,7 @@ from agent import AgentRunCheckpoint
 from tasks import TurnDeadLettered, load_conversation, run_turn
 from tasks.context import job_context
 from tasks.store import envelope_bytes, namespace_for
+from tests.tasks.harness import wait_until
 
 
 def dead_letter_of(result: Any) -> TurnDeadLettered:
@@ -147,14 +148,9 @@ def test_a_tampered_retry_checkpoint_is_dead_lettered(make_jobs: Any) -> None:
     jobs.pump()
     result = run_turn.delay(agent="demo", conversation_id="c", message="hi fail:503x1")
     records = job_context().records
-    deadline_state = None
-    for _ in range(200):
-        record = records.get(result.id)
-        deadline_state = record.state if record else None
-        if deadline_state == "waiting":
-            break
-        __import__("time").sleep(0.02)
-    assert deadline_state == "waiting"
+    wait_until(
+        lambda: (r := records.get(result.id)) is not None and r.state == "waiting", 10, "waiting"
+    )
     jobs.redis.hset(job_context().keys.turn(result.id), "checkpoint", b'{"version":1}')
     failed = dead_letter_of(result)
     assert failed.reason == "invalid_checkpoint"
