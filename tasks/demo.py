@@ -147,7 +147,19 @@ def follow(turns: dict[str, Any], timeout_s: float = 40) -> None:
         time.sleep(0.05)
 
 
-def run_demo(redis_url: str, workdir: Path) -> int:
+def remove_demo_keys(client: Any, task_ids: list[str]) -> int:
+    """Leave a shared Redis as the demo found it: its prefixed keys, queues and results."""
+    names = [
+        DEMO_ENV["AGENTJOBS_KEY_PREFIX"],
+        DEMO_ENV["AGENTJOBS_TURN_QUEUE"],
+        DEMO_ENV["AGENTJOBS_RETRY_QUEUE"],
+    ]
+    keys = [key for name in names for key in client.scan_iter(match=f"*{name}*", count=1000)]
+    keys += [f"celery-task-meta-{task_id}" for task_id in task_ids]
+    return int(client.delete(*keys)) if keys else 0
+
+
+def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
     env = {**os.environ, **DEMO_ENV, "REDIS_URL": redis_url}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS_"))})
@@ -156,6 +168,7 @@ def run_demo(redis_url: str, workdir: Path) -> int:
     from tasks.context import job_context
 
     processes = start_processes(env, workdir)
+    turns: dict[str, Any] = {}
     try:
         if not wait_for_worker(app):
             say(f"the worker did not start; see {workdir / 'worker.log'}")
@@ -181,6 +194,9 @@ def run_demo(redis_url: str, workdir: Path) -> int:
     finally:
         stop_processes(processes)
         say("stopped the worker and the pump")
+        if shared:
+            removed = remove_demo_keys(job_context().redis, [r.id for r in turns.values()])
+            say(f"removed the demo's {removed} keys from the shared Redis")
 
 
 def main() -> int:
@@ -204,7 +220,7 @@ def main() -> int:
             redis_url = private[0]
             say(f"started a private redis-server (pid {private[1].pid}) at {redis_url}")
         try:
-            return run_demo(redis_url, workdir)
+            return run_demo(redis_url, workdir, shared=private is None)
         finally:
             if private is not None:
                 private[1].terminate()
