@@ -1,0 +1,352 @@
+"""The chaos soak's checks (bench/soak.py runs them after every turn has ended).
+
+Each check reads the finished run (turn records, Celery results, stored conversations, the
+side-effect counter, the dead-letter store, the logs) and returns what it found wrong, with the
+evidence; an empty list is a pass.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from agent import AgentRunCheckpoint
+from tasks.errors import TurnDeadLettered
+from tests.tasks import soak_agent as sa
+
+TERMINAL = ("succeeded", "dead_lettered")
+_LOGGED_END = re.compile(r"\[([0-9a-f-]{36})\] (succeeded in|raised expected: TurnDeadLettered)")
+
+
+@dataclass(frozen=True)
+class PlannedTurn:
+    number: int
+    conversation: str
+    rounds: int
+    refused: bool
+
+    @property
+    def message(self) -> str:
+        return sa.soak_message(self.number, self.conversation, self.rounds, self.refused)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A planned turn, its task id and its record as the run left it."""
+
+    plan: PlannedTurn
+    task_id: str
+    record: Mapping[str, str]
+
+    def field(self, name: str) -> str:
+        return self.record.get(name, "")
+
+    def number(self, name: str) -> int:
+        raw = self.record.get(name)
+        return int(raw) if raw else 0
+
+    @property
+    def state(self) -> str:
+        return self.field("state")
+
+
+@dataclass
+class Finding:
+    name: str
+    problems: list[str] = field(default_factory=list)
+
+    def fail(self, problem: str) -> None:
+        self.problems.append(problem)
+
+
+def short(value: Any, limit: int = 300) -> str:
+    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def record_evidence(turn: Turn) -> str:
+    keep = ("state", "attempt", "deliveries", "redeliveries", "iteration", "worker", "reason")
+    shown = {name: turn.field(name) for name in keep if turn.field(name)}
+    return f"turn {turn.plan.number} ({turn.task_id}) record {shown}"
+
+
+# --- every turn ended exactly once -----------------------------------------------------------
+
+
+def logged_ends(logs: Iterable[str]) -> dict[str, Counter[str]]:
+    """task id -> how often a worker logged it as succeeded / raised TurnDeadLettered."""
+    ends: dict[str, Counter[str]] = {}
+    for text in logs:
+        for task_id, what in _LOGGED_END.findall(text):
+            ends.setdefault(task_id, Counter())[what.split()[0]] += 1
+    return ends
+
+
+def check_outcomes(turns: list[Turn], logs: list[str]) -> Finding:
+    finding = Finding("every turn ended exactly once, as expected")
+    ends = logged_ends(logs)
+    for turn in turns:
+        state, reason = turn.state, turn.field("reason")
+        if state not in TERMINAL:
+            finding.fail(f"not ended: {record_evidence(turn)}")
+        elif turn.plan.refused and (state, reason) != ("dead_lettered", "non_resumable"):
+            finding.fail(f"a 401 turn did not end non_resumable: {record_evidence(turn)}")
+        elif not turn.plan.refused and state == "dead_lettered" and reason != "max_attempts":
+            finding.fail(f"dead-lettered for an unexpected reason: {record_evidence(turn)}")
+        if state in TERMINAL and not turn.field("finished_at_ms"):
+            finding.fail(f"ended without finished_at_ms: {record_evidence(turn)}")
+        if (state == "dead_lettered") != bool(turn.field("dlq_id")):
+            finding.fail(f"dlq_id does not match the state: {record_evidence(turn)}")
+        logged = ends.get(turn.task_id, Counter())
+        if logged["succeeded"] + logged["raised"] > 1:
+            finding.fail(f"logged as ended {dict(logged)} times: {record_evidence(turn)}")
+        if (state == "succeeded" and logged["raised"]) or (
+            state == "dead_lettered" and logged["succeeded"]
+        ):
+            finding.fail(f"logged as ended the other way {dict(logged)}: {record_evidence(turn)}")
+    return finding
+
+
+# --- Celery results --------------------------------------------------------------------------
+
+
+def check_results(turns: list[Turn], app: Any, texts: list[str]) -> Finding:
+    """AsyncResult sees what the record says; every result text goes into `texts` for the
+    secrets sweep."""
+    finding = Finding("Celery results match the turn records")
+    for turn in turns:
+        result = app.AsyncResult(turn.task_id)
+        state = result.state
+        try:
+            value: Any = result.get(timeout=10)
+        except TurnDeadLettered as exc:
+            value = exc
+        except Exception as exc:  # the check reports whatever else it got
+            value = exc
+        texts.append(f"{state} {value!r} {value}")
+        if turn.state == "succeeded":
+            expected = orjson.loads(turn.field("result"))
+            if state != "SUCCESS" or value != expected:
+                finding.fail(
+                    f"{record_evidence(turn)}: result {state} {short(repr(value))}, "
+                    f"record says {short(expected)}"
+                )
+        elif turn.state == "dead_lettered":
+            ok = (
+                isinstance(value, TurnDeadLettered)
+                and value.reason == turn.field("reason")
+                and value.entry_id == turn.field("dlq_id")
+            )
+            if state != "FAILURE" or not ok:
+                finding.fail(f"{record_evidence(turn)}: result {state} {short(repr(value))}")
+    return finding
+
+
+# --- conversation histories ------------------------------------------------------------------
+
+
+def expected_history(succeeded: list[PlannedTurn]) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = []
+    for plan in succeeded:
+        history.append({"role": "user", "content": plan.message})
+        for round_ in range(1, plan.rounds + 1):
+            call_id = sa.tool_call_id(plan.number, round_)
+            args = {"turn": plan.number, "round": round_}
+            call = {"id": call_id, "name": sa.TOOL_NAME, "args": args}
+            history.append({"role": "assistant", "content": "", "toolCalls": [call]})
+            content = orjson.dumps(sa.effect_result(plan.number, round_)).decode()
+            history.append(
+                {
+                    "role": "tool",
+                    "content": content,
+                    "toolCallId": call_id,
+                    "toolName": sa.TOOL_NAME,
+                }
+            )
+        history.append({"role": "assistant", "content": sa.answer_for(plan.number)})
+    return history
+
+
+def first_difference(got: list[Any], expected: list[Any]) -> str:
+    for index, (a, b) in enumerate(zip(got, expected, strict=False)):
+        if a != b:
+            return f"message {index}: stored {short(a, 200)}, expected {short(b, 200)}"
+    return f"stored {len(got)} messages, expected {len(expected)}"
+
+
+def check_histories(turns: list[Turn], load: Any) -> Finding:
+    """`load(conversation_id)` -> AgentRunCheckpoint | None (tasks.load_conversation)."""
+    finding = Finding("stored conversations are exactly their succeeded turns, in order")
+    by_conversation: dict[str, list[Turn]] = {}
+    for turn in sorted(turns, key=lambda t: t.plan.number):
+        by_conversation.setdefault(turn.plan.conversation, []).append(turn)
+    for conversation, members in sorted(by_conversation.items()):
+        succeeded = [t.plan for t in members if t.state == "succeeded"]
+        stored = load(conversation)
+        got = list(stored.history) if stored is not None else []
+        expected = expected_history(succeeded)
+        if got != expected:
+            finding.fail(f"conversation {conversation}: {first_difference(got, expected)}")
+    return finding
+
+
+# --- side effects ----------------------------------------------------------------------------
+
+
+def read_effects(client: redis.Redis, prefix: str) -> dict[tuple[int, int], int]:
+    raw: Any = client.hgetall(sa.effects_key(prefix))
+    effects: dict[tuple[int, int], int] = {}
+    for key, value in raw.items():
+        turn, _, round_ = key.decode().partition(":")
+        effects[(int(turn), int(round_))] = int(value)
+    return effects
+
+
+def check_side_effects(
+    turns: list[Turn],
+    effects: Mapping[tuple[int, int], int],
+    in_flight: Mapping[tuple[int, int], list[str]],
+) -> tuple[Finding, int]:
+    """Returns the finding and the number of repeated executions.
+
+    `in_flight` maps (turn, round) to the chaos events (kills, the Redis restart) at which that
+    round was the iteration in flight: the only rounds allowed to run more than once, once more
+    per event.
+    """
+    finding = Finding("side effects repeated only in iterations in flight at a kill or restart")
+    by_number = {t.plan.number: t for t in turns}
+    repeated = 0
+    for (number, round_), count in sorted(effects.items()):
+        turn = by_number.get(number)
+        if turn is None:
+            finding.fail(f"effect of an unknown turn {number} round {round_}")
+            continue
+        most = 1 if turn.plan.refused else turn.plan.rounds
+        if round_ > most:
+            finding.fail(f"round {round_} ran but at most {most} exist: {record_evidence(turn)}")
+        repeated += count - 1
+        allowed = 1 + len(in_flight.get((number, round_), []))
+        if count > allowed:
+            events = in_flight.get((number, round_), [])
+            finding.fail(
+                f"round {round_} ran {count} times, in flight at {events or 'no chaos event'}: "
+                f"{record_evidence(turn)}"
+            )
+    for turn in turns:
+        if turn.state == "succeeded":
+            for round_ in range(1, turn.plan.rounds + 1):
+                if effects.get((turn.plan.number, round_), 0) < 1:
+                    finding.fail(f"round {round_} never ran: {record_evidence(turn)}")
+    return finding, repeated
+
+
+# --- dead letters ----------------------------------------------------------------------------
+
+
+def check_dead_letters(
+    turns: list[Turn], entries: list[dict[str, Any]], max_attempts: int
+) -> Finding:
+    finding = Finding("dead letters are exactly the 401 turns and the exhausted ones")
+    by_task = Counter(str(e.get("taskId")) for e in entries)
+    for task_id, count in by_task.items():
+        if count > 1:
+            finding.fail(f"{count} entries for turn {task_id}")
+    entry_of = {str(e.get("taskId")): e for e in entries}
+    dead = {t.task_id for t in turns if t.state == "dead_lettered"}
+    for task_id in sorted(set(entry_of) - dead):
+        finding.fail(f"entry for a turn that is not dead-lettered: {short(entry_of[task_id])}")
+    for turn in turns:
+        if turn.task_id in dead:
+            entry = entry_of.get(turn.task_id)
+            if entry is None:
+                finding.fail(f"no entry: {record_evidence(turn)}")
+            else:
+                finding.problems += entry_problems(turn, entry, max_attempts)
+    return finding
+
+
+def entry_problems(turn: Turn, entry: dict[str, Any], max_attempts: int) -> list[str]:
+    problems: list[str] = []
+    where = record_evidence(turn)
+    error = str(entry.get("error", ""))
+    if entry.get("id") != turn.field("dlq_id") or entry.get("reason") != turn.field("reason"):
+        problems.append(f"entry {entry.get('id')} ({entry.get('reason')}) != {where}")
+    if turn.plan.refused:
+        if "HTTP 401" not in error or entry.get("errorType") != "ProviderHTTPError":
+            problems.append(f"401 turn's entry error {short(error)}: {where}")
+    else:
+        if turn.number("attempt") != max_attempts or entry.get("attempts") != max_attempts:
+            problems.append(f"max_attempts after {entry.get('attempts')} attempts: {where}")
+        for what, text in (("entry error", error), ("last_error", turn.field("last_error"))):
+            if "HTTP 503" not in text and "HTTP 429" not in text:
+                problems.append(f"{what} is not a 503/429: {short(text)}: {where}")
+    problems += checkpoint_problems(turn, entry.get("checkpoint"))
+    return problems
+
+
+def checkpoint_problems(turn: Turn, wire: Any) -> list[str]:
+    """The last good checkpoint of a dead-lettered turn reads back and holds its message."""
+    try:
+        checkpoint = AgentRunCheckpoint.from_json(orjson.dumps(wire))
+    except Exception as exc:
+        return [f"entry checkpoint unreadable ({exc}): {record_evidence(turn)}"]
+    users = [m.get("content") for m in checkpoint.history if m.get("role") == "user"]
+    if not users or users[-1] != turn.plan.message:
+        return [f"entry checkpoint does not end on the turn's message: {record_evidence(turn)}"]
+    return []
+
+
+# --- secrets ---------------------------------------------------------------------------------
+
+
+def redis_blob(client: redis.Redis) -> bytes:
+    """Every key and value in the database (strings, hashes, lists, sets, zsets) as one blob."""
+    blob: list[Any] = []
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        blob.append(key)
+        if kind == b"string":
+            blob.append(client.get(key) or b"")
+        elif kind == b"hash":
+            for name, value in client.hgetall(key).items():
+                blob += [name, value]
+        elif kind == b"list":
+            blob += client.lrange(key, 0, -1)
+        elif kind == b"set":
+            blob += list(client.smembers(key))
+        elif kind == b"zset":
+            blob += client.zrange(key, 0, -1)
+    return b"\n".join(b if isinstance(b, bytes) else str(b).encode() for b in blob)
+
+
+def check_secrets(
+    secrets: list[str],
+    client: redis.Redis,
+    entries: list[dict[str, Any]],
+    result_texts: list[str],
+    files: list[Path],
+) -> Finding:
+    finding = Finding("no API key or endpoint host in Redis, its AOF, dead letters, results, logs")
+    places: dict[str, bytes] = {
+        "redis": redis_blob(client),
+        "dead letters": orjson.dumps(entries),
+        "celery results": "\n".join(result_texts).encode(),
+    }
+    for path in files:
+        places[path.name] = path.read_bytes() if path.exists() else b""
+    for secret in secrets:
+        for place, blob in places.items():
+            if secret.encode() in blob:
+                at = blob.index(secret.encode())
+                context = blob[max(0, at - 120) : at + 80].decode(errors="replace")
+                finding.fail(f"{secret!r} found in {place}: ...{short(context)}")
+    if b"[redacted" not in places["dead letters"]:
+        finding.fail("no redacted text in the dead letters: the sweep saw no fault text at all")
+    return finding

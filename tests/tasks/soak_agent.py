@@ -1,0 +1,182 @@
+"""The chaos soak's agent (bench/soak.py): a gateway that fails the way a busy one does, and a
+tool with a counted side effect.
+
+A turn's message names everything about it: `soak turn 17 conversation c17 rounds=2`, plus
+` fail=401` for a turn whose credentials are refused once its first tool round ran (these are
+chosen at submission, so the expected dead letters are known). Every other fault is decided per
+model call from (seed, turn, call number) by a hash, so a run is reproducible: for call k of
+turn n, u = hash(seed, n, k) in [0, 1) gives HTTP 503 below RATE_503, HTTP 429 with a
+retry-after of RETRY_AFTER_S below RATE_503 + RATE_429, else an answer; each call first sleeps
+hash(seed, n, k, latency) * LATENCY_MAX_S. Each turn runs 1-2 rounds of record_effect, which
+counts its execution in Redis (the side effect), then waits up to TOOL_LATENCY_MAX_S. Call
+numbers and side effects are counted in Redis, so they survive kills and resumes.
+
+The error texts quote the API key and the endpoint URL, as a careless gateway's do: the job
+system must redact them before storing or logging anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+
+from agent import Agent, LLMRequest, LLMResponse, ProviderHTTPError, ToolCall, tool
+from tasks.context import job_context
+
+RATE_503 = 0.15
+RATE_429 = 0.05
+RETRY_AFTER_S = 1.0
+LATENCY_MAX_S = 0.3
+# After its side effect, the tool waits this long at most for the downstream's reply: a kill
+# can land between the effect and the persisted round, which is what may repeat it.
+TOOL_LATENCY_MAX_S = 0.2
+# How long the provider and the tool wait for their Redis counters across a Redis restart:
+# the soak injects gateway faults only, never faults of its own bookkeeping.
+REDIS_PATIENCE_S = 60.0
+SEED_VARIABLE = "SOAK_SEED"
+TOOL_NAME = "record_effect"
+
+_TURN = re.compile(r"\bsoak turn (\d+)\b")
+_ROUNDS = re.compile(r"\brounds=(\d+)\b")
+_REFUSED = " fail=401"
+
+T = TypeVar("T")
+
+
+def soak_message(turn: int, conversation: str, rounds: int, refused: bool) -> str:
+    return f"soak turn {turn} conversation {conversation} rounds={rounds}" + (
+        _REFUSED if refused else ""
+    )
+
+
+def answer_for(turn: int) -> str:
+    return f"turn {turn} done"
+
+
+def tool_call_id(turn: int, round_: int) -> str:
+    return f"t{turn}r{round_}"
+
+
+def effect_result(turn: int, round_: int) -> dict[str, Any]:
+    """What record_effect returns (the tool message's content, as JSON)."""
+    return {"turn": turn, "round": round_, "recorded": True}
+
+
+def calls_key(prefix: str, turn: int) -> str:
+    """String counter: model calls made for a turn (every attempt and delivery)."""
+    return f"{prefix}:soak:calls:{turn}"
+
+
+def effects_key(prefix: str) -> str:
+    """Hash "turn:round" -> executions of record_effect: the counted side effect."""
+    return f"{prefix}:soak:effects"
+
+
+def faults_key(prefix: str) -> str:
+    """Hash HTTP status -> faults injected."""
+    return f"{prefix}:soak:faults"
+
+
+def unit_hash(seed: int, *parts: object) -> float:
+    """A number in [0, 1) fixed by seed and parts."""
+    text = ":".join(str(p) for p in (seed, *parts))
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def fault_for(seed: int, turn: int, call: int) -> int | None:
+    """The HTTP status injected on call `call` of turn `turn`, or None."""
+    u = unit_hash(seed, turn, call)
+    if u < RATE_503:
+        return 503
+    if u < RATE_503 + RATE_429:
+        return 429
+    return None
+
+
+def patiently(command: Callable[[], T]) -> T:
+    """Run a Redis command, waiting out a Redis restart."""
+    deadline = time.monotonic() + REDIS_PATIENCE_S
+    while True:
+        try:
+            return command()
+        except (redis.ConnectionError, redis.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _last_user(request: LLMRequest) -> tuple[int, str]:
+    for index in range(len(request.messages) - 1, -1, -1):
+        if request.messages[index].get("role") == "user":
+            return index, str(request.messages[index].get("content", ""))
+    return -1, ""
+
+
+def _number(pattern: re.Pattern[str], text: str) -> int:
+    found = pattern.search(text)
+    if found is None:
+        raise ValueError(f"not a soak message: {text[:80]!r}")
+    return int(found.group(1))
+
+
+class FaultyGatewayProvider:
+    name = "soak-gateway"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        index, text = _last_user(request)
+        turn = _number(_TURN, text)
+        context = job_context()
+        call = int(patiently(lambda: context.redis.incr(calls_key(context.keys.prefix, turn))))
+        time.sleep(unit_hash(self.seed, turn, call, "latency") * LATENCY_MAX_S)
+        rounds_done = sum(1 for m in request.messages[index + 1 :] if m.get("role") == "tool")
+        status = 401 if text.endswith(_REFUSED) and rounds_done >= 1 else None
+        status = status or fault_for(self.seed, turn, call)
+        if status is not None:
+            self._refuse(status)
+        if rounds_done < _number(_ROUNDS, text):
+            round_ = rounds_done + 1
+            args = {"turn": turn, "round": round_}
+            return LLMResponse(tool_calls=[ToolCall(tool_call_id(turn, round_), TOOL_NAME, args)])
+        return LLMResponse(content=answer_for(turn))
+
+    def _refuse(self, status: int) -> None:
+        context = job_context()
+        patiently(lambda: context.redis.hincrby(faults_key(context.keys.prefix), str(status), 1))
+        key = os.environ.get("OPENAI_API_KEY", "")
+        url = os.environ.get("OPENAI_BASE_URL", "")
+        raise ProviderHTTPError(
+            f"gateway {url}/chat/completions answered HTTP {status} for api key {key}",
+            status=status,
+            retry_after_s=RETRY_AFTER_S if status == 429 else None,
+        )
+
+
+@tool(name=TOOL_NAME, description="Record that round `round` of turn `turn` ran (counted).")
+def record_effect(turn: int, round: int) -> dict[str, Any]:
+    context = job_context()
+    field = f"{turn}:{round}"
+    done = patiently(lambda: context.redis.hincrby(effects_key(context.keys.prefix), field, 1))
+    seed = int(os.environ.get(SEED_VARIABLE, "0"))
+    time.sleep(unit_hash(seed, turn, round, done, "tool") * TOOL_LATENCY_MAX_S)
+    return effect_result(turn, round)
+
+
+def build_soak_agent() -> Agent:
+    return Agent(
+        provider=FaultyGatewayProvider(int(os.environ.get(SEED_VARIABLE, "0"))),
+        model="soak-model",
+        system="You are the soak's agent.",
+        tools=[record_effect],
+        id="soak",
+        max_iterations=8,
+    )
