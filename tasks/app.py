@@ -12,6 +12,7 @@ from celery import Celery
 from celery.signals import after_setup_logger, after_setup_task_logger
 from kombu.serialization import register
 
+from tasks import workarounds
 from tasks.redact import RedactingFilter
 
 ORJSON_CONTENT_TYPE = "application/x-orjson"
@@ -43,6 +44,8 @@ register(  # type: ignore[no-untyped-call]
     content_type=ORJSON_CONTENT_TYPE,
     content_encoding="binary",
 )
+
+workarounds.install()
 
 app = Celery("agentjobs")
 app.config_from_object(os.environ.get("CELERY_CONFIG_MODULE", "celeryconfig"))

@@ -39,6 +39,7 @@ from agent import (
     MessageDeniedError,
     RunCheckpointError,
     can_resume,
+    is_compacted_summary,
 )
 from tasks.app import app
 from tasks.context import JobContext, job_context
@@ -138,6 +139,18 @@ def resume_turn(self: Task, turn_id: str) -> dict[str, Any]:
     """Wake a recorded turn: a retry that is due, the next turn of a conversation, or a turn
     whose worker died. What runs is decided by the turn record."""
     return drive_turn(turn_id, None, worker=self.request.hostname or "")
+
+
+def completed_rounds(history: list[dict[str, Any]]) -> int:
+    """Tool rounds this turn has completed, counted back to its user message: the turn's
+    iteration in flight is one more, across resumes (a run's own counter restarts at 1)."""
+    rounds = 0
+    for message in reversed(history):
+        if message.get("role") == "user" and not is_compacted_summary(message):
+            break
+        if message.get("role") == "assistant" and message.get("toolCalls"):
+            rounds += 1
+    return rounds
 
 
 def wake(turn_id: str | None) -> None:
@@ -290,7 +303,7 @@ class _Turn:
     def persist(self, checkpoint: AgentRunCheckpoint) -> None:
         """Write progress before the next iteration's tools run (JOBS.md guarantee 3)."""
         self.last_checkpoint = checkpoint
-        iteration = int(checkpoint.last_completed_iteration) + 1
+        iteration = completed_rounds(checkpoint.history) + 1
         if not self.ctx.records.renew(
             self.turn_id,
             self.namespace,

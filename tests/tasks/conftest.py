@@ -23,7 +23,8 @@ from tests.tasks.harness import (
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    # appendonly: a test that restarts this server finds its data again, as in production.
+    server = RedisServer(tmp_path_factory.mktemp("redis"), appendonly=True).start()
     from tasks import app
 
     # The client side of every test talks to this server; set before anything connects.

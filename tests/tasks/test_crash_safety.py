@@ -104,7 +104,8 @@ def check_recovered(
     assert record.state == "succeeded"
     assert record.number("attempt") == 1
     assert record.number("deliveries") == 2, "one crashed delivery, one that finished"
-    assert record.get("iteration") == str(ROUNDS)
+    # The turn's iterations, across the resume: ROUNDS tool rounds, then the answer.
+    assert record.get("iteration") == str(ROUNDS + 1)
 
     settings = job_context().settings
     # The lease was renewed at most lease_ttl_s before the kill; the pump sees it expire on its
