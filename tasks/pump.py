@@ -90,7 +90,7 @@ def pump_once(ctx: JobContext) -> Tick:
         if records.lease_holder(record.namespace) == turn_id:
             continue  # its heartbeat is late but the lease still stands
         logger.warning("turn %s lost its worker; waking it to resume", turn_id)
-        wake(turn_id)
+        wake(turn_id, record.namespace)
         expired += 1
     stalled = 0
     for turn_id in records.take_due(
@@ -102,7 +102,7 @@ def pump_once(ctx: JobContext) -> Tick:
             continue
         at_head = records.conversation_head(record.namespace) == turn_id
         if (not record.namespace or at_head) and records.lease_holder(record.namespace) is None:
-            wake(turn_id)
+            wake(turn_id, record.namespace)
             stalled += 1
     results = confirm_results(ctx, now)
     return Tick(retries=len(due), expired=expired, stalled=stalled, results=results)

@@ -33,9 +33,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'queued', 'payload', ARGV[3], 'agent', ARGV[4],
   'conversation_id', ARGV[5], 'namespace', ARGV[6], 'attempt', 1, 'deliveries', 0,
   'created_at_ms', ARGV[2], 'updated_at_ms', ARGV[2])
-if ARGV[7] ~= '' then
-  redis.call('HSET', KEYS[1], 'checkpoint', ARGV[7], 'base_run_id', ARGV[9])
-end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'checkpoint', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'replay_of', ARGV[8]) end
 if ARGV[6] ~= '' then redis.call('RPUSH', KEYS[2], ARGV[1]) end
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
@@ -50,8 +48,9 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 return 1
 """
 
-# KEYS: turn, convq, lease, retries, running, pending
+# KEYS: turn, convq, lease, retries, running, pending, conversation
 # ARGV: turn_id, token, now_ms, lease_ms, worker
+# -> {'claimed', deliveries, record fields..., stored envelope or false} or {status}
 _CLAIM = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'missing'} end
@@ -70,7 +69,11 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'token', ARGV[2], 'worker', ARGV
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[4]), ARGV[1])
-return {'claimed', deliveries, redis.call('HGET', KEYS[1], 'attempt')}
+-- The stored conversation comes back with the claim when the turn starts from it; nobody
+-- else writes it while this turn holds the head of the queue and the lease.
+local stored = false
+if redis.call('HEXISTS', KEYS[1], 'checkpoint') == 0 then stored = redis.call('GET', KEYS[7]) end
+return {'claimed', deliveries, redis.call('HGETALL', KEYS[1]), stored}
 """
 
 # KEYS: turn, lease, running   ARGV: turn_id, token, now_ms, lease_ms, [checkpoint, iteration]
@@ -191,7 +194,13 @@ class TurnRecord:
 class Claim:
     status: str
     deliveries: int = 0
-    attempt: int = 0
+    record: TurnRecord | None = None
+    # The stored conversation envelope, when the turn starts from it (no checkpoint of its own).
+    stored: bytes | None = None
+
+    @property
+    def attempt(self) -> int:
+        return self.record.number("attempt", 1) if self.record else 0
 
 
 class TurnRecords:
@@ -227,7 +236,6 @@ class TurnRecords:
         namespace: str,
         checkpoint: bytes = b"",
         replay_of: str = "",
-        base_run_id: str = "",
     ) -> bool:
         """Record a submitted turn and queue it behind its conversation's earlier turns.
         Idempotent: a turn id already recorded is left as it is."""
@@ -246,7 +254,6 @@ class TurnRecords:
                 namespace,
                 checkpoint,
                 replay_of,
-                base_run_id,
             ],
         )
         return bool(created)
@@ -265,6 +272,8 @@ class TurnRecords:
     def claim(
         self, turn_id: str, namespace: str, token: str, lease_ttl_s: float, worker: str
     ) -> Claim:
+        """Take the turn if it may run now: the head of its conversation, no live lease, not
+        waiting out a backoff, not ended. One round trip, which also returns its record."""
         keys = self._keys
         reply = self._claim(
             keys=[
@@ -274,13 +283,17 @@ class TurnRecords:
                 keys.retries,
                 keys.running,
                 keys.pending,
+                keys.conversation(namespace),
             ],
             args=[turn_id, token, now_ms(), int(lease_ttl_s * 1000), worker],
         )
-        status = reply[0].decode()
+        status = _text(reply[0])
         if status != "claimed":
             return Claim(status)
-        return Claim(status, deliveries=int(reply[1]), attempt=int(reply[2]))
+        flat = reply[2]
+        fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        stored = reply[3] if len(reply) > 3 and isinstance(reply[3], bytes) else None
+        return Claim(status, int(reply[1]), TurnRecord(turn_id, fields), stored)
 
     def renew(
         self,
@@ -382,9 +395,6 @@ class TurnRecords:
         pump (or the next tick) does not take it again while its wake-up is on the way."""
         due = self._take_due(keys=[index_key], args=[before_ms, limit, bump_ms])
         return [member.decode() for member in due]
-
-    def set_field(self, turn_id: str, name: str, value: str) -> None:
-        self._redis.hset(self._keys.turn(turn_id), name, value)
 
     def conversation_head(self, namespace: str) -> str | None:
         head = self._redis.lindex(self._keys.conversation_queue(namespace), 0)

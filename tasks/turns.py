@@ -16,11 +16,13 @@ only a wake-up: the turn record decides what runs, so duplicates and redeliverie
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
+import time
 import uuid
-from collections.abc import Mapping
-from types import TracebackType
+from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
 import orjson
@@ -57,7 +59,7 @@ from tasks.records import TERMINAL_STATES, Claim, TurnRecord, now_ms
 from tasks.redact import redact
 from tasks.registry import build_agent
 from tasks.retry import backoff_delay_s
-from tasks.store import envelope_bytes
+from tasks.store import envelope_bytes, read_envelope
 
 logger = logging.getLogger("agentjobs.turns")
 
@@ -76,7 +78,6 @@ def register_turn(
     *,
     checkpoint: bytes = b"",
     replay_of: str = "",
-    base_run_id: str = "",
 ) -> str:
     """Record a submitted turn behind its conversation's earlier turns; returns its namespace
     ('' for a payload too broken to queue)."""
@@ -89,7 +90,6 @@ def register_turn(
         namespace=namespace,
         checkpoint=checkpoint,
         replay_of=replay_of,
-        base_run_id=base_run_id,
     )
     return namespace
 
@@ -135,10 +135,10 @@ def run_turn(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 @app.task(name="tasks.resume_turn", **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
-def resume_turn(self: Task, turn_id: str) -> dict[str, Any]:
+def resume_turn(self: Task, turn_id: str, namespace: str | None = None) -> dict[str, Any]:
     """Wake a recorded turn: a retry that is due, the next turn of a conversation, or a turn
     whose worker died. What runs is decided by the turn record."""
-    return drive_turn(turn_id, None, worker=self.request.hostname or "")
+    return drive_turn(turn_id, None, namespace=namespace, worker=self.request.hostname or "")
 
 
 def completed_rounds(history: list[dict[str, Any]]) -> int:
@@ -153,40 +153,41 @@ def completed_rounds(history: list[dict[str, Any]]) -> int:
     return rounds
 
 
-def wake(turn_id: str | None) -> None:
+def wake(turn_id: str | None, namespace: str | None = None) -> None:
+    """Publish a wake-up for a turn (its namespace, when known, spares the worker a read)."""
     if turn_id is None:
         return
     try:
-        resume_turn.apply_async(args=[turn_id], task_id=turn_id)
+        resume_turn.apply_async(args=[turn_id, namespace], task_id=turn_id)
     except Exception:  # the pump wakes stalled heads; never fail a finished turn for this
         logger.warning("could not wake turn %s; the pump will", turn_id, exc_info=True)
 
 
-def drive_turn(turn_id: str, submitted: Mapping[str, Any] | None, *, worker: str) -> dict[str, Any]:
+def drive_turn(
+    turn_id: str,
+    submitted: Mapping[str, Any] | None,
+    *,
+    worker: str,
+    namespace: str | None = None,
+) -> dict[str, Any]:
     ctx = job_context()
     try:
-        record = ctx.records.get(turn_id)
-        if record is None:
-            if submitted is None:
-                logger.warning("resume_turn for unknown turn %s: ignored", turn_id)
-                raise Ignore()
-            register_turn(ctx, turn_id, submitted)  # sent without going through run_turn.delay
-            record = ctx.records.get(turn_id)
-            assert record is not None
-        if record.state in TERMINAL_STATES:
-            raise Ignore()
-        try:
-            request = parse_payload(record.payload)
-        except BadPayload as exc:
-            _Turn(ctx, record, None, token="", attempt=1).dead_letter(exc.reason, exc, None)
+        if namespace is None:
+            namespace = _namespace_of(ctx, turn_id, submitted)
+        if not namespace:
+            _dead_letter_bad_payload(ctx, turn_id, submitted)
         token = uuid.uuid4().hex
-        claim = ctx.records.claim(
-            turn_id, request.namespace, token, ctx.settings.lease_ttl_s, worker
-        )
-        if claim.status != "claimed":
+        lease_ttl_s = ctx.settings.lease_ttl_s
+        claim = ctx.records.claim(turn_id, namespace, token, lease_ttl_s, worker)
+        if claim.status == "missing" and submitted is not None:
+            register_turn(ctx, turn_id, submitted)  # sent without going through run_turn.delay
+            claim = ctx.records.claim(turn_id, namespace, token, lease_ttl_s, worker)
+        if claim.status != "claimed" or claim.record is None:
             logger.info("turn %s not run by this delivery: %s", turn_id, claim.status)
             raise Ignore()
-        return _Turn(ctx, record, request, token=token, attempt=claim.attempt).run(claim)
+        # The recorded payload is the one that queued under this namespace: it parses.
+        request = parse_payload(claim.record.payload)
+        return _Turn(ctx, claim.record, request, token=token, attempt=claim.attempt).run(claim)
     except redis.RedisError:
         # Redis is unreachable: nothing can be recorded now. The turn's lease runs out and the
         # pump wakes it again once Redis answers.
@@ -194,36 +195,82 @@ def drive_turn(turn_id: str, submitted: Mapping[str, Any] | None, *, worker: str
         raise Ignore() from None
 
 
-class _Heartbeat:
-    """Renews the conversation lease while a turn runs."""
+def _namespace_of(ctx: JobContext, turn_id: str, submitted: Mapping[str, Any] | None) -> str:
+    """The conversation namespace a delivery claims under ('' for a broken payload)."""
+    if submitted is not None:
+        return registration_of(submitted)[2]
+    record = ctx.records.get(turn_id)
+    if record is None:
+        logger.warning("resume_turn for unknown turn %s: ignored", turn_id)
+        raise Ignore()
+    return record.namespace
 
-    def __init__(self, ctx: JobContext, turn_id: str, namespace: str, token: str) -> None:
-        self._args = (turn_id, namespace, token, ctx.settings.lease_ttl_s)
+
+def _dead_letter_bad_payload(
+    ctx: JobContext, turn_id: str, submitted: Mapping[str, Any] | None
+) -> NoReturn:
+    record = ctx.records.get(turn_id)
+    if record is None and submitted is not None:
+        register_turn(ctx, turn_id, submitted)
+        record = ctx.records.get(turn_id)
+    if record is None or record.state in TERMINAL_STATES:
+        raise Ignore()
+    try:
+        parse_payload(record.payload)
+    except BadPayload as exc:
+        _Turn(ctx, record, None, token="", attempt=1).dead_letter(exc.reason, exc, None)
+    raise Ignore()  # the recorded payload is fine: a later delivery runs it
+
+
+class _LeaseKeeper:
+    """One thread per worker process renews the conversation leases of every turn the process
+    is running (a thread per turn would cost more than a short turn itself)."""
+
+    def __init__(self, ctx: JobContext) -> None:
         self._ctx = ctx
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{turn_id}", daemon=True)
-
-    def _beat(self) -> None:
-        interval_s = self._ctx.settings.lease_ttl_s / 3
-        while not self._stop.wait(interval_s):
-            try:
-                if not self._ctx.records.renew(*self._args):
-                    return
-            except redis.RedisError:
-                logger.warning("lease renewal failed for turn %s", self._args[0], exc_info=True)
-
-    def __enter__(self) -> _Heartbeat:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[str, str]] = {}  # token -> (turn_id, namespace)
+        self._thread = threading.Thread(target=self._renew_forever, name="leases", daemon=True)
         self._thread.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    @contextlib.contextmanager
+    def holding(self, turn_id: str, namespace: str, token: str) -> Iterator[None]:
+        with self._lock:
+            self._held[token] = (turn_id, namespace)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.pop(token, None)
+
+    def _renew_forever(self) -> None:
+        lease_ttl_s = self._ctx.settings.lease_ttl_s
+        while True:
+            time.sleep(lease_ttl_s / 3)
+            with self._lock:
+                held = list(self._held.items())
+            for token, (turn_id, namespace) in held:
+                try:
+                    if not self._ctx.records.renew(turn_id, namespace, token, lease_ttl_s):
+                        with self._lock:
+                            self._held.pop(token, None)  # taken over: its writes will fail
+                except redis.RedisError:
+                    logger.warning("lease renewal failed for turn %s", turn_id, exc_info=True)
+
+
+_keepers: dict[int, _LeaseKeeper] = {}
+_keepers_lock = threading.Lock()
+
+
+def lease_keeper(ctx: JobContext) -> _LeaseKeeper:
+    """This process's keeper; a forked pool child starts its own (threads do not survive
+    a fork)."""
+    pid = os.getpid()
+    with _keepers_lock:
+        keeper = _keepers.get(pid)
+        if keeper is None:
+            keeper = _keepers[pid] = _LeaseKeeper(ctx)
+        return keeper
 
 
 class _Turn:
@@ -245,14 +292,16 @@ class _Turn:
         self.namespace = request.namespace if request else record.namespace
         self.token = token
         self.attempt = attempt
-        self.base_run_id = record.get("base_run_id")
         self.last_checkpoint: AgentRunCheckpoint | None = None
+        self.stored: bytes | None = None
+        self.reported = False
 
     def run(self, claim: Claim) -> dict[str, Any]:
         settings = self.ctx.settings
+        self.stored = claim.stored
         if claim.deliveries > settings.max_deliveries:
             self.dead_letter(Reason.POISON, PoisonTurn(self.turn_id, claim.deliveries - 1), None)
-        with _Heartbeat(self.ctx, self.turn_id, self.namespace, self.token):
+        with lease_keeper(self.ctx).holding(self.turn_id, self.namespace, self.token):
             try:
                 result = self._run_agent()
             except RunCheckpointError as exc:
@@ -287,10 +336,14 @@ class _Turn:
             checkpoint = AgentRunCheckpoint.from_json(saved)
             self.last_checkpoint = checkpoint
             return agent.resume_on_error(checkpoint, time=request.time, on_progress=self.persist)
-        stored = self.ctx.store.load(request.namespace)
-        self.base_run_id = stored.run_id if stored else ""
-        self.ctx.records.set_field(self.turn_id, "base_run_id", self.base_run_id)
+        stored = None
+        if self.stored is not None:
+            key = self.ctx.store.key(self.namespace)
+            stored = read_envelope(self.stored, key, self.namespace)
         self.last_checkpoint = stored
+        # The seeded checkpoint holds nothing a fresh start would not rebuild, unless a time
+        # layer fixed the turn's clock: skip that write.
+        self.reported = agent.time_layer is not None
         turn_input = AgentInput(
             message=request.message,
             continue_from=stored,
@@ -303,6 +356,9 @@ class _Turn:
     def persist(self, checkpoint: AgentRunCheckpoint) -> None:
         """Write progress before the next iteration's tools run (JOBS.md guarantee 3)."""
         self.last_checkpoint = checkpoint
+        if not self.reported:
+            self.reported = True
+            return
         iteration = completed_rounds(checkpoint.history) + 1
         if not self.ctx.records.renew(
             self.turn_id,
@@ -334,7 +390,7 @@ class _Turn:
         )
         if not ended:
             raise Ignore()
-        wake(head)
+        wake(head, self.namespace)
         return reply
 
     def schedule_retry(self, exc: RunCheckpointError) -> NoReturn:
@@ -367,6 +423,18 @@ class _Turn:
             )
         raise Ignore()
 
+    def _base_run_id(self) -> str:
+        """The stored conversation's run id: unchanged since this turn started, since only the
+        head of a conversation's queue writes it. A replay resumes the entry's checkpoint only
+        while it still is."""
+        if not self.namespace:
+            return ""
+        try:
+            stored = self.ctx.store.load(self.namespace)
+        except (JobError, AgentError):
+            return ""
+        return stored.run_id if stored else ""
+
     def dead_letter(
         self, reason: str, error: BaseException, checkpoint: AgentRunCheckpoint | None
     ) -> NoReturn:
@@ -389,7 +457,7 @@ class _Turn:
             first_failed_ms=record.number("first_failed_at_ms"),
             checkpoint=checkpoint_wire,
             kwargs=record.payload,
-            base_run_id=self.base_run_id,
+            base_run_id=self._base_run_id(),
         )
         ended, head = self.ctx.records.dead_letter(
             self.turn_id,
@@ -402,7 +470,7 @@ class _Turn:
         )
         if not ended:
             raise Ignore()
-        wake(head)
+        wake(head, self.namespace or None)
         logger.warning("turn %s dead-lettered as %s (%s)", self.turn_id, entry_id, reason)
         # No chained cause: the result backend stores the traceback, and the cause's text is
         # the provider's, unredacted. The entry holds the redacted error.
@@ -435,7 +503,6 @@ def submit_replay(turn_id: str, entry: Mapping[str, Any]) -> bool:
         kwargs,
         checkpoint=orjson.dumps(checkpoint) if resume else b"",
         replay_of=str(entry.get("id", "")),
-        base_run_id=str(entry.get("baseRunId", "")) if resume else "",
     )
     run_turn.apply_async(kwargs=kwargs if isinstance(kwargs, dict) else {}, task_id=turn_id)
     return resume
