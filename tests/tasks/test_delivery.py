@@ -102,9 +102,13 @@ def test_other_conversations_do_not_wait_for_a_retrying_one(make_jobs: Any) -> N
     jobs.worker(concurrency=8)
     jobs.pump()
     slow = run_turn.delay(agent="demo", conversation_id="slow", message="x fail:503x1")
+    records = job_context().records
+    wait_until(
+        lambda: (r := records.get(slow.id)) is not None and r.state == "waiting", 10, "a retry"
+    )
     fast = run_turn.delay(agent="demo", conversation_id="fast", message="y")
     assert fast.get(timeout=10)["content"] == "Done: y"
-    assert job_context().records.get(slow.id).state == "waiting"  # type: ignore[union-attr]
+    assert records.get(slow.id).state == "waiting"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("identity_b", [{"tenant": "beta"}, {"tenant": "beta", "principal": "u"}])
