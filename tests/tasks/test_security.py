@@ -13,6 +13,7 @@ from kombu import Connection, Exchange, Producer, Queue
 
 from tasks import TurnDeadLettered, app, run_turn
 from tasks.redact import redact
+from tests.tasks.harness import wait_until
 
 SECRET_KEY = "sk-test-7hHq2Ly0rVb9SECRETSECRET"
 SECRET_URL = "https://gateway.internal.example/v1/chat"
@@ -101,8 +102,11 @@ def test_no_pickle_is_accepted_or_executed(jobs: Any, tmp_path: Path) -> None:
             exchange=queue.exchange,
             declare=[queue],
         )
-    time.sleep(1.5)
+    wait_until(
+        lambda: "ContentDisallowed" in jobs.logs() or "refused" in jobs.logs().lower(),
+        20,
+        "the worker to refuse the pickled message",
+    )
     assert not marker.exists(), "a pickled message was executed"
-    assert "ContentDisallowed" in jobs.logs() or "refused" in jobs.logs().lower()
     reply = run_turn.delay(agent="demo", conversation_id="after", message="fine")
     assert reply.get(timeout=30)["content"] == "Done: fine"
