@@ -20,6 +20,7 @@ import redis
 from agent import AgentRunCheckpoint
 from tasks.errors import TurnDeadLettered
 from tests.tasks import soak_agent as sa
+from tests.tasks.harness import redis_blob
 
 TERMINAL = ("succeeded", "dead_lettered")
 _LOGGED_END = re.compile(r"\[([0-9a-f-]{36})\] (succeeded in|raised expected: TurnDeadLettered)")
@@ -304,26 +305,6 @@ def checkpoint_problems(turn: Turn, wire: Any) -> list[str]:
 
 
 # --- secrets ---------------------------------------------------------------------------------
-
-
-def redis_blob(client: redis.Redis) -> bytes:
-    """Every key and value in the database (strings, hashes, lists, sets, zsets) as one blob."""
-    blob: list[Any] = []
-    for key in client.scan_iter(count=1000):
-        kind = client.type(key)
-        blob.append(key)
-        if kind == b"string":
-            blob.append(client.get(key) or b"")
-        elif kind == b"hash":
-            for name, value in client.hgetall(key).items():
-                blob += [name, value]
-        elif kind == b"list":
-            blob += client.lrange(key, 0, -1)
-        elif kind == b"set":
-            blob += list(client.smembers(key))
-        elif kind == b"zset":
-            blob += client.zrange(key, 0, -1)
-    return b"\n".join(b if isinstance(b, bytes) else str(b).encode() for b in blob)
 
 
 def check_secrets(

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -90,6 +91,26 @@ def _pings(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.RedisError:
         return False
+
+
+def redis_blob(client: redis.Redis) -> bytes:
+    """Every key and value in the database (strings, hashes, lists, sets, zsets) as one blob."""
+    blob: list[Any] = []
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        blob.append(key)
+        if kind == b"string":
+            blob.append(client.get(key) or b"")
+        elif kind == b"hash":
+            for name, value in client.hgetall(key).items():
+                blob += [name, value]
+        elif kind == b"list":
+            blob += client.lrange(key, 0, -1)
+        elif kind == b"set":
+            blob += list(client.smembers(key))
+        elif kind == b"zset":
+            blob += client.zrange(key, 0, -1)
+    return b"\n".join(b if isinstance(b, bytes) else str(b).encode() for b in blob)
 
 
 def job_env(redis_url: str, **overrides: str) -> dict[str, str]:

@@ -13,28 +13,10 @@ from kombu import Connection, Exchange, Producer, Queue
 
 from tasks import TurnDeadLettered, app, run_turn
 from tasks.redact import redact
-from tests.tasks.harness import wait_until
+from tests.tasks.harness import redis_blob, wait_until
 
 SECRET_KEY = "sk-test-7hHq2Ly0rVb9SECRETSECRET"
 SECRET_URL = "https://gateway.internal.example/v1/chat"
-
-
-def every_value(client: Any) -> bytes:
-    """Every key and value in the test database, as one blob to search."""
-    blob = []
-    for key in client.scan_iter(count=1000):
-        kind = client.type(key)
-        blob.append(key)
-        if kind == b"string":
-            blob.append(client.get(key) or b"")
-        elif kind == b"hash":
-            for field, value in client.hgetall(key).items():
-                blob += [field, value]
-        elif kind == b"list":
-            blob += client.lrange(key, 0, -1)
-        elif kind == b"zset":
-            blob += client.zrange(key, 0, -1)
-    return b"\n".join(blob)
 
 
 def test_provider_errors_quoting_key_and_url_are_redacted_everywhere(make_jobs: Any) -> None:
@@ -50,7 +32,7 @@ def test_provider_errors_quoting_key_and_url_are_redacted_everywhere(make_jobs: 
         exhausted.get(timeout=30)
     assert caught_again.value.reason == "max_attempts"
     time.sleep(0.5)  # let the worker flush its log lines
-    stored = every_value(jobs.redis)
+    stored = redis_blob(jobs.redis)
     assert b"dl-" in stored, "the sweep must see the dead-letter entries"
     for secret in (SECRET_KEY, SECRET_URL, "gateway.internal.example"):
         assert secret.encode() not in stored
