@@ -67,10 +67,6 @@ def folded_messages(conversation: Any) -> list[Message]:
     return out
 
 
-def span_key(messages: Sequence[Mapping[str, Any]]) -> str:
-    return fnv1a(" ".join(f"{m.get('role')}:{m.get('content')}" for m in messages))
-
-
 Summarizer = Callable[[Sequence[Message]], str]
 
 

@@ -53,7 +53,6 @@ MAX_MESSAGE_UTF16_UNITS = 1_000_000
 
 ProgressHook = Callable[[AgentRunCheckpoint], object]
 EvidenceCheck = Callable[[str, Sequence[Message]], "str | None"]
-Door = Literal["run", "resume_on_error"]
 
 _run_seq = itertools.count(1)
 
