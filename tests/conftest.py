@@ -1,8 +1,8 @@
-"""Shared test helpers: where the reference runtime's compatibility files live."""
+"""Shared test helpers: the reference runtime's compatibility files, vendored under
+tests/fixtures/ (written by agentfootprint 9.62; see tests/fixtures/agentfootprint-9.62/README.md)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import orjson
@@ -11,12 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def shared_dir() -> Path:
-    configured = os.environ.get("AGENTJOBS_SHARED_DIR")
-    return Path(configured) if configured else ROOT.parent / "shared"
-
-
-COMPAT_DIR = shared_dir() / "compat" / "agentfootprint-9.62"
+COMPAT_DIR = ROOT / "tests" / "fixtures" / "agentfootprint-9.62"
 
 
 def load_compat(name: str) -> object:

@@ -34,7 +34,7 @@ def request_dicts(provider: Any) -> list[dict[str, Any]]:
 
 
 def test_all_fixture_kinds_are_present(compat_dir: Path) -> None:
-    assert len(CHECKPOINT_FILES) == 9
+    assert len(CHECKPOINT_FILES) == 16
     assert (compat_dir / "b0_llm_503_first_call.error.json").exists()
 
 

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 import agent
-from tests.conftest import ROOT, shared_dir
+from tests.conftest import ROOT
 
-API_MD = shared_dir() / "spec" / "API.md"
+API_MD = ROOT / "docs" / "api.md"
 
 PINNED_ALL = [
     "Agent",
