@@ -12,6 +12,9 @@ from tasks.context import job_context
 from tasks.errors import Reason, TurnDeadLettered
 from tasks.store import namespace_for
 from tasks.turns import resume_turn, run_turn
+from tasks.worker import PresenceStep
+
+app.steps["worker"].add(PresenceStep)
 
 
 def load_conversation(

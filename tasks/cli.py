@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +37,15 @@ def parse_duration_s(text: str) -> float:
 
 def _print_json(value: Any) -> None:
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _stream_json_array(items: Iterator[Any]) -> None:
+    """A JSON array written item by item: a large store is never held in memory at once."""
+    out = sys.stdout
+    out.write("[")
+    for n, item in enumerate(items):
+        out.write(("," if n else "") + "\n" + orjson.dumps(item).decode())
+    out.write("\n]\n")
 
 
 def _console() -> Console:
@@ -64,11 +74,11 @@ def dlq() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of entries.")
 def dlq_list(reason: str | None, as_json: bool) -> None:
     """List dead-lettered turns, oldest first."""
-    entries = _context().dead_letters.list_entries(reason=reason)
+    store = _context().dead_letters
     if as_json:
-        _print_json(entries)
+        _stream_json_array(store.iter_entries(reason=reason, bodies=True))
     else:
-        print_dead_letters(entries)
+        print_dead_letters(store.list_entries(reason=reason))
 
 
 def print_dead_letters(entries: list[dict[str, Any]]) -> None:
@@ -118,10 +128,9 @@ def dlq_show(entry_id: str, as_json: bool) -> None:
 def dlq_replay(entry_id: str) -> None:
     """Enqueue a dead-lettered turn again with a fresh retry budget."""
     from tasks.deadletter import ReplayError
-    from tasks.turns import submit_replay
 
     try:
-        replayed = _context().dead_letters.replay(entry_id, submit_replay)
+        replayed = _context().dead_letters.replay(entry_id)
     except ReplayError as exc:
         raise click.ClickException(str(exc)) from None
     if not replayed.first:
@@ -155,11 +164,11 @@ def describe_state(record: dict[str, Any]) -> str:
     if state == "running":
         return f"running at iteration {record.get('iteration') or 1}"
     if state == "waiting":
-        due = record.get("due_at_ms")
+        due = record.get("dueAtMs")
         when = datetime.fromtimestamp(due / 1000, UTC).isoformat(timespec="seconds") if due else "?"
         return f"waiting for retry (attempt {record.get('attempt')}) until {when}"
     if state == "dead_lettered":
-        return f"dead-lettered as {record.get('dlq_id')} ({record.get('reason')})"
+        return f"dead-lettered as {record.get('deadLetterId')} ({record.get('reason')})"
     return str(state)
 
 
@@ -178,7 +187,7 @@ def turn_show(task_id: str, as_json: bool) -> None:
         return
     table = Table("field", "value", show_header=False)
     table.add_row("state", data["describe"])
-    for key in ("agent", "conversation_id", "attempt", "deliveries", "worker", "last_error"):
+    for key in ("agent", "conversationId", "attempt", "deliveries", "worker", "lastError"):
         if data.get(key) not in (None, ""):
             table.add_row(key, str(data[key]))
     if data.get("result"):

@@ -13,6 +13,7 @@ import redis
 
 from tasks.deadletter import DeadLetterStore
 from tasks.keys import Keys
+from tasks.leases import LeaseKeeper
 from tasks.records import TurnRecords
 from tasks.settings import Settings, load_settings
 from tasks.store import ConversationStore
@@ -26,20 +27,23 @@ class JobContext:
     records: TurnRecords
     store: ConversationStore
     dead_letters: DeadLetterStore
+    leases: LeaseKeeper
 
 
 def build_context(settings: Settings) -> JobContext:
     client = redis.Redis.from_url(
         settings.redis_url, health_check_interval=30, socket_keepalive=True
     )
-    keys = Keys(settings.key_prefix)
+    keys = Keys(settings.key_prefix, settings.index_shards)
+    records = TurnRecords(client, keys)
     return JobContext(
         settings=settings,
         redis=client,
         keys=keys,
-        records=TurnRecords(client, keys),
+        records=records,
         store=ConversationStore(client, keys),
-        dead_letters=DeadLetterStore(client, keys, settings.record_ttl_s),
+        dead_letters=DeadLetterStore(client, records, settings.record_ttl_s),
+        leases=LeaseKeeper(records, settings.lease_ttl_s),
     )
 
 

@@ -1,69 +1,126 @@
 """Every Redis key the job system writes, with its lifetime. Nothing else names a key.
 
-`prefix` defaults to "agentjobs" (setting AGENTJOBS_KEY_PREFIX), so two deployments, or two
-test runs, can share one Redis without seeing each other.
+Layout, ready for a Redis Cluster (docs/operations.md, "Scale out"):
+
+    {prefix}:{<shard>}:...     everything one conversation touches, and the indices of its shard
+    {prefix}:...               a few single-key values (replay markers, the worker presence hash)
+
+A conversation belongs to one of `shards` shards (crc32 of its namespace). The `{<shard>}` hash
+tag puts its envelope, queue, lease, turn records and its shard's indices (due retries, running
+turns, queued turns, finished turns, dead letters) in one hash slot, so every Lua script touches
+one slot. Keys still contain the namespace, so an operator finds a conversation by its id with
+`SCAN MATCH '*c-42*'`. `prefix` defaults to "agentjobs" (AGENTJOBS_KEY_PREFIX): two deployments
+with different prefixes share one Redis without seeing each other. Changing the shard count of a
+live deployment moves every conversation to another slot: do it on an empty store only.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The keys of one shard: its conversations, their turns, and the shard's indices."""
+
+    prefix: str
+    shard: int
+
+    @property
+    def tag(self) -> str:
+        return f"{self.prefix}:{{{self.shard}}}"
+
+    def conversation(self, namespace: str) -> str:
+        """String: the conversation envelope {format, data, savedAt}. Kept forever."""
+        return f"{self.tag}:conversation:{namespace}"
+
+    def queue(self, namespace: str) -> str:
+        """List of turn ids in submission order; the head is the one allowed to run. Emptied
+        as turns end."""
+        return f"{self.tag}:queue:{namespace}"
+
+    def lease(self, namespace: str) -> str:
+        """String: who runs the conversation now (encoded in tasks/lua/common.lua only).
+        Expires after lease_ttl_s unless the running worker's lease keeper renews it."""
+        return f"{self.tag}:lease:{namespace}"
+
+    @property
+    def turn_prefix(self) -> str:
+        return f"{self.tag}:turn:"
+
+    def turn(self, turn_id: str) -> str:
+        """Hash: the turn record (tasks/records.py, TurnRecord). Kept while the turn is
+        unfinished; then record_ttl_s, except a dead-lettered turn's, kept while its entry is."""
+        return f"{self.turn_prefix}{turn_id}"
+
+    @property
+    def retries(self) -> str:
+        """Sorted set turn_id -> due time (server epoch ms): retries waiting out their backoff."""
+        return f"{self.tag}:retries"
+
+    @property
+    def running(self) -> str:
+        """Sorted set turn_id -> lease expiry (server epoch ms): turns a worker is running."""
+        return f"{self.tag}:running"
+
+    @property
+    def pending(self) -> str:
+        """Sorted set turn_id -> last wake (server epoch ms): queued turns not yet started."""
+        return f"{self.tag}:pending"
+
+    @property
+    def finished(self) -> str:
+        """Sorted set turn_id -> end time (server epoch ms): ended turns whose Celery result
+        the pump has not yet confirmed (it writes the result again if the worker could not)."""
+        return f"{self.tag}:finished"
+
+    @property
+    def dead_letters(self) -> str:
+        """Hash entry_id -> entry summary JSON (no checkpoint: that stays in the turn record).
+        Kept until replayed or purged."""
+        return f"{self.tag}:dlq"
+
+    @property
+    def dead_letter_index(self) -> str:
+        """Sorted set entry_id -> last failure time (server epoch ms), for listing in order."""
+        return f"{self.tag}:dlq:index"
 
 
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "agentjobs"
+    shards: int = 16
+
+    def __post_init__(self) -> None:
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ValueError("AGENTJOBS_KEY_PREFIX must not contain '{' or '}' (hash tags)")
+        if self.shards < 1:
+            raise ValueError("AGENTJOBS_INDEX_SHARDS must be at least 1")
+
+    def shard_of(self, namespace: str) -> int:
+        return zlib.crc32(namespace.encode()) % self.shards
+
+    def for_namespace(self, namespace: str) -> ShardKeys:
+        return ShardKeys(self.prefix, self.shard_of(namespace))
+
+    def shard(self, shard: int) -> ShardKeys:
+        return ShardKeys(self.prefix, shard)
+
+    def all_shards(self) -> list[ShardKeys]:
+        return [ShardKeys(self.prefix, shard) for shard in range(self.shards)]
 
     def conversation(self, namespace: str) -> str:
-        """String: the conversation envelope {format, data, savedAt}. Kept forever."""
-        return f"{self.prefix}:conversation:{namespace}"
-
-    def conversation_queue(self, namespace: str) -> str:
-        """List of turn ids in submission order; the head is the one allowed to run. Emptied as
-        turns end."""
-        return f"{self.prefix}:convq:{namespace}"
-
-    def lease(self, namespace: str) -> str:
-        """String "turn_id|token": who runs the conversation now. Expires after lease_ttl_s
-        unless the running worker's heartbeat renews it."""
-        return f"{self.prefix}:lease:{namespace}"
-
-    def turn(self, turn_id: str) -> str:
-        """Hash: the turn record (state, attempt, deliveries, checkpoint, result...). Kept while
-        the turn is active, then for record_ttl_s."""
-        return f"{self.prefix}:turn:{turn_id}"
-
-    @property
-    def retries(self) -> str:
-        """Sorted set turn_id -> due time (epoch ms): retries waiting out their backoff."""
-        return f"{self.prefix}:retries"
-
-    @property
-    def running(self) -> str:
-        """Sorted set turn_id -> lease expiry (epoch ms): turns a worker is running."""
-        return f"{self.prefix}:running"
-
-    @property
-    def pending(self) -> str:
-        """Sorted set turn_id -> last wake (epoch ms): queued turns not yet started."""
-        return f"{self.prefix}:pending"
-
-    @property
-    def finished(self) -> str:
-        """Sorted set turn_id -> end time (epoch ms): ended turns whose Celery result the pump
-        has not yet confirmed (it writes the result again if the worker could not)."""
-        return f"{self.prefix}:finished"
-
-    @property
-    def dead_letters(self) -> str:
-        """Hash entry_id -> entry JSON: the dead-letter store. Kept until purged."""
-        return f"{self.prefix}:dlq"
-
-    @property
-    def dead_letter_index(self) -> str:
-        """Sorted set entry_id -> last failure time (epoch ms), for listing in order."""
-        return f"{self.prefix}:dlq:index"
+        return self.for_namespace(namespace).conversation(namespace)
 
     def replay_marker(self, entry_id: str) -> str:
         """String: the turn id a dead-letter entry was replayed as. Kept for record_ttl_s, so
-        a second replay finds the first one's job instead of starting another."""
+        a second replay finds the first one's turn instead of starting another."""
         return f"{self.prefix}:dlq:replayed:{entry_id}"
+
+    @property
+    def workers(self) -> str:
+        """Hash worker name -> JSON {at, received}: each worker's last heartbeat (server epoch
+        ms) and the turns it holds prefetched but not started. The pump wakes the received
+        turns of a worker whose heartbeat stopped, and removes it."""
+        return f"{self.prefix}:workers"

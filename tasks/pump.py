@@ -1,15 +1,16 @@
 """The pump: the one process that turns time into messages (Procfile `pump`).
 
-Each tick it wakes (publishes resume_turn for):
+Each tick, shard by shard, it wakes (publishes resume_turn for):
 - retries whose backoff is over (they wait in Redis, not in a worker's memory, so a killed
   worker loses none);
 - running turns whose lease ran out (their worker died: the turn resumes from its last
   persisted iteration);
 - queued turns at the head of their conversation that nobody started for stall_after_s (their
-  message went down with a worker, or was never published).
+  message was never published, or went down with a broker);
+and, once per tick, the prefetched turns of workers whose heartbeat stopped (tasks/worker.py).
+It also writes the Celery result of ended turns whose worker could not.
 Several pumps may run: each due entry is taken atomically and pushed back in time before it is
-published, so it is woken once per interval at most. A wake-up that finds nothing to do is
-dropped by the worker.
+published, so it is woken once per interval at most. Every time is the Redis server's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from celery import states
 from tasks.app import app
 from tasks.context import JobContext, job_context
 from tasks.errors import TurnDeadLettered
-from tasks.records import now_ms
+from tasks.keys import ShardKeys
+from tasks.records import TurnState
 from tasks.redact import RedactingFilter
 from tasks.turns import wake
 
@@ -40,72 +42,109 @@ class Tick:
     retries: int = 0
     expired: int = 0
     stalled: int = 0
+    orphaned: int = 0
     results: int = 0
 
+    def __add__(self, other: Tick) -> Tick:
+        return Tick(
+            self.retries + other.retries,
+            self.expired + other.expired,
+            self.stalled + other.stalled,
+            self.orphaned + other.orphaned,
+            self.results + other.results,
+        )
 
-def confirm_results(ctx: JobContext, now: int) -> int:
+    def __bool__(self) -> bool:
+        return any((self.retries, self.expired, self.stalled, self.orphaned, self.results))
+
+
+def confirm_results(ctx: JobContext, shard: ShardKeys) -> int:
     """Write the Celery result of ended turns that lack one; returns how many were written.
 
     A worker stores a turn's result moments after the turn ends. Past result_grace_s the pump
     checks that it is there, and writes it from the turn record if the worker could not (Redis
     was restarting, or the worker was killed between the two writes), so result.get() returns.
+    Any Celery result backend: it only asks the backend for the task's state.
     """
-    records, keys = ctx.records, ctx.keys
     backend = app.backend
     grace_ms = int(ctx.settings.result_grace_s * 1000)
     written = 0
-    for turn_id in records.take_due(
-        keys.finished, before_ms=now - grace_ms, limit=BATCH, bump_ms=grace_ms
+    for due in ctx.records.take_due(
+        shard, shard.finished, limit=BATCH, bump_ms=grace_ms, lag_ms=grace_ms
     ):
-        if not backend.client.exists(backend.get_key_for_task(turn_id)):
-            record = records.get(turn_id)
-            if record is not None and record.state == "succeeded":
-                backend.store_result(turn_id, orjson.loads(record.get("result")), states.SUCCESS)
+        if backend.get_task_meta(due.turn_id).get("status") not in states.READY_STATES:
+            record = ctx.records.get(due.turn_id, due.namespace)
+            if record is not None and record.state is TurnState.SUCCEEDED:
+                backend.store_result(due.turn_id, record.result, states.SUCCESS)
                 written += 1
-            elif record is not None and record.state == "dead_lettered":
-                entry = ctx.dead_letters.get(record.get("dlq_id")) or {}
-                error = TurnDeadLettered(
-                    record.get("dlq_id"), record.get("reason"), str(entry.get("error", ""))
-                )
-                backend.mark_as_failure(turn_id, error)
+            elif record is not None and record.state is TurnState.DEAD_LETTERED:
+                entry = ctx.dead_letters.summary(record.dlq_id) or {}
+                error = TurnDeadLettered(record.dlq_id, record.reason, str(entry.get("error", "")))
+                backend.mark_as_failure(due.turn_id, error)
                 written += 1
-        ctx.redis.zrem(keys.finished, turn_id)
+        ctx.redis.zrem(shard.finished, due.turn_id)
     return written
 
 
-def pump_once(ctx: JobContext) -> Tick:
-    records, keys, settings = ctx.records, ctx.keys, ctx.settings
-    now = now_ms()
+def pump_shard(ctx: JobContext, shard: ShardKeys) -> Tick:
+    records, settings = ctx.records, ctx.settings
     lease_ms = int(settings.lease_ttl_s * 1000)
     stall_ms = int(settings.stall_after_s * 1000)
-    due = records.take_due(keys.retries, before_ms=now, limit=BATCH, bump_ms=stall_ms)
-    for turn_id in due:
-        wake(turn_id)
+    due = records.take_due(shard, shard.retries, limit=BATCH, bump_ms=stall_ms)
+    for turn in due:
+        wake(turn.turn_id, turn.namespace or None)
     expired = 0
-    for turn_id in records.take_due(keys.running, before_ms=now, limit=BATCH, bump_ms=lease_ms):
-        record = records.get(turn_id)
-        if record is None or record.state != "running":
-            ctx.redis.zrem(keys.running, turn_id)
+    for turn in records.take_due(shard, shard.running, limit=BATCH, bump_ms=lease_ms):
+        record = records.get(turn.turn_id, turn.namespace)
+        if record is None or record.state is not TurnState.RUNNING:
+            ctx.redis.zrem(shard.running, turn.turn_id)
             continue
-        if records.lease_holder(record.namespace) == turn_id:
-            continue  # its heartbeat is late but the lease still stands
-        logger.warning("turn %s lost its worker; waking it to resume", turn_id)
-        wake(turn_id, record.namespace)
+        if records.lease_holder(record.namespace) == turn.turn_id:
+            continue  # its renewal is late but the lease still stands
+        logger.warning("turn %s lost its worker; waking it to resume", turn.turn_id)
+        wake(turn.turn_id, record.namespace)
         expired += 1
     stalled = 0
-    for turn_id in records.take_due(
-        keys.pending, before_ms=now - stall_ms, limit=BATCH, bump_ms=stall_ms
+    for turn in records.take_due(
+        shard, shard.pending, limit=BATCH, bump_ms=stall_ms, lag_ms=stall_ms
     ):
-        record = records.get(turn_id)
-        if record is None or record.state != "queued":
-            ctx.redis.zrem(keys.pending, turn_id)
+        record = records.get(turn.turn_id, turn.namespace)
+        if record is None or record.state is not TurnState.QUEUED:
+            ctx.redis.zrem(shard.pending, turn.turn_id)
             continue
-        at_head = records.conversation_head(record.namespace) == turn_id
+        at_head = records.conversation_head(record.namespace) == turn.turn_id
         if (not record.namespace or at_head) and records.lease_holder(record.namespace) is None:
-            wake(turn_id, record.namespace)
+            wake(turn.turn_id, record.namespace or None)
             stalled += 1
-    results = confirm_results(ctx, now)
-    return Tick(retries=len(due), expired=expired, stalled=stalled, results=results)
+    return Tick(retries=len(due), expired=expired, stalled=stalled)
+
+
+def wake_orphans(ctx: JobContext) -> int:
+    """Wake the prefetched turns of workers whose heartbeat stopped a lease lifetime ago."""
+    now_ms = ctx.records.server_time_ms()
+    silent_ms = int(ctx.settings.lease_ttl_s * 1000)
+    woken = 0
+    workers: dict[bytes, bytes] = ctx.redis.hgetall(ctx.keys.workers)  # type: ignore[assignment]
+    for name, raw in workers.items():
+        beat = orjson.loads(raw)
+        if beat["at"] > now_ms - silent_ms:
+            continue
+        turns = beat.get("received") or []
+        if turns:
+            logger.warning("worker %s stopped; waking %d turns it held", name.decode(), len(turns))
+        for turn_id, namespace in turns:
+            wake(turn_id, namespace or None)
+            woken += 1
+        ctx.redis.hdel(ctx.keys.workers, name)
+    return woken
+
+
+def pump_once(ctx: JobContext) -> Tick:
+    tick = Tick(orphaned=wake_orphans(ctx))
+    for shard in ctx.keys.all_shards():
+        tick += pump_shard(ctx, shard)
+        tick += Tick(results=confirm_results(ctx, shard))
+    return tick
 
 
 def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = None) -> None:
@@ -115,22 +154,30 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
         if threading.current_thread() is threading.main_thread():
             signal.signal(signum, lambda *_: stop.set())
     logger.info("pump started (every %.2f s)", ctx.settings.pump_interval_s)
+    down_since: float | None = None
     while not stop.is_set():
         started = time.monotonic()
         try:
             tick = pump_once(ctx)
-            if tick.retries or tick.expired or tick.stalled or tick.results:
-                logger.info(
-                    "woke %d due retries, %d turns of dead workers, %d stalled turns; "
-                    "wrote %d missing results",
-                    tick.retries,
-                    tick.expired,
-                    tick.stalled,
-                    tick.results,
-                )
-        except redis.RedisError:
-            logger.warning("pump: Redis unavailable, trying again", exc_info=True)
-            stop.wait(1.0)
+        except redis.RedisError as exc:
+            if down_since is None:  # one line per outage, not one per tick
+                logger.warning("pump: Redis unavailable (%s); retrying until it answers", exc)
+                down_since = started
+            stop.wait(min(5.0, max(1.0, time.monotonic() - down_since)))
+            continue
+        if down_since is not None:
+            logger.info("pump: Redis answers again after %.0f s", started - down_since)
+            down_since = None
+        if tick:
+            logger.info(
+                "woke %d due retries, %d turns of dead workers, %d stalled turns, %d turns "
+                "prefetched by stopped workers; wrote %d missing results",
+                tick.retries,
+                tick.expired,
+                tick.stalled,
+                tick.orphaned,
+                tick.results,
+            )
         stop.wait(max(0.0, ctx.settings.pump_interval_s - (time.monotonic() - started)))
     logger.info("pump stopped")
 

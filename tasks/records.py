@@ -1,230 +1,231 @@
-"""Turn records: the source of truth for every turn, changed only by the Lua scripts below so
-each state change is atomic with the queue, lease and index updates that go with it.
+"""Turn records: the source of truth for every turn, changed only by the Lua scripts in
+tasks/lua/, so each state change is atomic with the queue, lease and index updates that go
+with it. Each script is tasks/lua/common.lua (the server clock, the lease encoding, ending a
+turn) followed by the script's own body; every script touches the keys of one shard only.
 
-States: queued -> running -> (waiting -> running)* -> succeeded | dead_lettered.
+The states of a turn and what moves it (the only transitions there are):
+
+    register ──> queued ──claim──> running ──answer──────────────────────> succeeded
+                   │                 │  │
+                   │                 │  ├──resumable failure, attempts left──> waiting
+                   │                 │  │                                        │
+                   │                 │  │           claim, once due (the pump) <─┘  -> running
+                   │                 │  │
+                   │                 │  └──lease expired (worker died): takeover, a new claim
+                   │                 │     of the same running turn from its last checkpoint
+                   │                 │
+                   │                 └──not resumable / attempts spent / poison / bad input
+                   │                    / agent error──────────────────────> dead_lettered
+                   └──bad payload (never claimed: no conversation to queue in)──> dead_lettered
 
 A turn runs only while it is the head of its conversation's queue and holds the conversation
-lease (turn_id|token, renewed by a heartbeat). Every write a running turn makes is checked
-against that token, so a worker that stalled past its lease cannot write over the worker that
-took the turn over.
+lease; every write a running turn makes is checked against its lease token, so a worker that
+stalled past its lease cannot write over the worker that took the turn over. Ending a turn
+(succeeded or dead_lettered) takes it off the queue and marks the next head as woken.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping
+import functools
 from dataclasses import dataclass
+from enum import StrEnum
+from importlib import resources
 from typing import Any
 
 import orjson
 import redis
+from redis.commands.core import Script
 
-from tasks.keys import Keys
-
-TERMINAL_STATES = frozenset({"succeeded", "dead_lettered"})
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
+from tasks.keys import Keys, ShardKeys
 
 
-_REGISTER = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'queued', 'payload', ARGV[3], 'agent', ARGV[4],
-  'conversation_id', ARGV[5], 'namespace', ARGV[6], 'attempt', 1, 'deliveries', 0,
-  'created_at_ms', ARGV[2], 'updated_at_ms', ARGV[2])
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'checkpoint', ARGV[7]) end
-if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'replay_of', ARGV[8]) end
-if ARGV[6] ~= '' then redis.call('RPUSH', KEYS[2], ARGV[1]) end
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
-return 1
-"""
+class TurnState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    DEAD_LETTERED = "dead_lettered"
 
-_UNREGISTER = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('LREM', KEYS[2], 1, ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-return 1
-"""
+    @property
+    def terminal(self) -> bool:
+        return self in (TurnState.SUCCEEDED, TurnState.DEAD_LETTERED)
 
-# KEYS: turn, convq, lease, retries, running, pending, conversation
-# ARGV: turn_id, token, now_ms, lease_ms, worker
-# -> {'claimed', deliveries, record fields..., stored envelope or false} or {status}
-_CLAIM = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return {'missing'} end
-if state == 'succeeded' or state == 'dead_lettered' then return {'done'} end
-local now = tonumber(ARGV[3])
-if state == 'waiting' and tonumber(redis.call('HGET', KEYS[1], 'due_at_ms')) > now then
-  return {'not_due'}
-end
-if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[1] then return {'not_head'} end
-if redis.call('EXISTS', KEYS[3]) == 1 then return {'busy'} end
-redis.call('SET', KEYS[3], ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[4])
-local deliveries = redis.call('HINCRBY', KEYS[1], 'deliveries', 1)
-if deliveries > 1 then redis.call('HINCRBY', KEYS[1], 'redeliveries', 1) end
-redis.call('HSET', KEYS[1], 'state', 'running', 'token', ARGV[2], 'worker', ARGV[5],
-  'started_at_ms', ARGV[3], 'updated_at_ms', ARGV[3])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[6], ARGV[1])
-redis.call('ZADD', KEYS[5], now + tonumber(ARGV[4]), ARGV[1])
--- The stored conversation comes back with the claim when the turn starts from it; nobody
--- else writes it while this turn holds the head of the queue and the lease.
-local stored = false
-if redis.call('HEXISTS', KEYS[1], 'checkpoint') == 0 then stored = redis.call('GET', KEYS[7]) end
-return {'claimed', deliveries, redis.call('HGETALL', KEYS[1]), stored}
-"""
 
-# KEYS: turn, lease, running   ARGV: turn_id, token, now_ms, lease_ms, [checkpoint, iteration]
-_PROGRESS = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] .. '|' .. ARGV[2] then return 0 end
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-redis.call('ZADD', KEYS[3], tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
-if ARGV[5] then
-  redis.call('HSET', KEYS[1], 'checkpoint', ARGV[5], 'iteration', ARGV[6], 'updated_at_ms', ARGV[3])
-end
-return 1
-"""
+class ClaimStatus(StrEnum):
+    CLAIMED = "claimed"
+    MISSING = "missing"  # no record (never registered, or expired)
+    DONE = "done"  # the turn already ended
+    NOT_DUE = "not_due"  # waiting out its backoff
+    NOT_HEAD = "not_head"  # an earlier turn of the conversation is unfinished
+    BUSY = "busy"  # another delivery holds the conversation lease
 
-# KEYS: turn, lease, running, convq, conversation, pending, finished
-# ARGV: turn_id, token, now_ms, envelope, result, ttl_s
-_SUCCEED = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] .. '|' .. ARGV[2] then return {'lost'} end
-redis.call('SET', KEYS[5], ARGV[4])
-redis.call('HSET', KEYS[1], 'state', 'succeeded', 'result', ARGV[5], 'finished_at_ms', ARGV[3],
-  'updated_at_ms', ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('ZADD', KEYS[7], ARGV[3], ARGV[1])
-redis.call('DEL', KEYS[2])
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('LREM', KEYS[4], 1, ARGV[1])
-local head = redis.call('LINDEX', KEYS[4], 0)
-if head then redis.call('ZADD', KEYS[6], 'XX', ARGV[3], head) end
-return {'ok', head}
-"""
 
-# KEYS: turn, lease, running, retries
-# ARGV: turn_id, token, now_ms, due_ms, next_attempt, checkpoint, error
-_RETRY = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] .. '|' .. ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'waiting', 'due_at_ms', ARGV[4], 'attempt', ARGV[5],
-  'deliveries', 0, 'checkpoint', ARGV[6], 'last_error', ARGV[7], 'updated_at_ms', ARGV[3])
-redis.call('HSETNX', KEYS[1], 'first_failed_at_ms', ARGV[3])
-redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
-redis.call('DEL', KEYS[2])
-redis.call('ZREM', KEYS[3], ARGV[1])
-return 1
-"""
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
-# KEYS: turn, lease, running, convq, retries, pending, dlq, dlq_index, finished
-# ARGV: turn_id, token ('' when the turn was never claimed), now_ms, entry_id, entry, reason,
-#       ttl_s
-_DEAD_LETTER = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if state == 'succeeded' or state == 'dead_lettered' then return {'done'} end
-if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] .. '|' .. ARGV[2] then
-  return {'lost'}
-end
-redis.call('HSET', KEYS[7], ARGV[4], ARGV[5])
-redis.call('ZADD', KEYS[8], ARGV[3], ARGV[4])
-redis.call('HSET', KEYS[1], 'state', 'dead_lettered', 'dlq_id', ARGV[4], 'reason', ARGV[6],
-  'finished_at_ms', ARGV[3], 'updated_at_ms', ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[7])
-redis.call('ZADD', KEYS[9], ARGV[3], ARGV[1])
-if ARGV[2] ~= '' then redis.call('DEL', KEYS[2]) end
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
-redis.call('ZREM', KEYS[6], ARGV[1])
-redis.call('LREM', KEYS[4], 1, ARGV[1])
-local head = redis.call('LINDEX', KEYS[4], 0)
-if head then redis.call('ZADD', KEYS[6], 'XX', ARGV[3], head) end
-return {'ok', head}
-"""
 
-# KEYS: index zset   ARGV: now_ms, limit, bump_ms -> members due, each re-scored to now+bump
-_TAKE_DUE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
-for _, member in ipairs(due) do
-  redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[3]), member)
-end
-return due
-"""
+def _int(fields: dict[str, str], name: str, default: int = 0) -> int:
+    raw = fields.get(name)
+    return int(raw) if raw else default
+
+
+def _json(fields: dict[str, str], name: str) -> Any:
+    raw = fields.get(name)
+    return orjson.loads(raw) if raw else None
 
 
 @dataclass(frozen=True)
 class TurnRecord:
+    """One turn as Redis holds it (the hash at ShardKeys.turn)."""
+
     turn_id: str
-    fields: Mapping[str, str]
+    state: TurnState
+    agent: str
+    conversation_id: str
+    namespace: str
+    payload: Any  # the run_turn keyword arguments as submitted
+    attempt: int  # 1 for the first; a retry starts the next
+    deliveries: int  # starts of the current attempt (crash redeliveries count)
+    redeliveries: int  # starts beyond the first, over all attempts
+    iteration: int  # the turn's iteration in flight or last persisted, across attempts
+    created_at_ms: int
+    updated_at_ms: int
+    started_at_ms: int = 0
+    finished_at_ms: int = 0
+    due_at_ms: int = 0
+    first_failed_at_ms: int = 0
+    worker: str = ""
+    token: str = ""
+    checkpoint: bytes = b""  # the last persisted checkpoint (JSON), until the turn succeeds
+    last_error: str = ""  # redacted
+    result: Any = None  # the reply dict of a succeeded turn
+    dlq_id: str = ""
+    reason: str = ""
+    replay_of: str = ""
+    replayed_as: str = ""  # the turn id a dead-letter replay of this turn got
 
-    def get(self, name: str, default: str = "") -> str:
-        return self.fields.get(name, default)
-
-    def number(self, name: str, default: int = 0) -> int:
-        raw = self.fields.get(name)
-        return int(raw) if raw else default
-
-    @property
-    def state(self) -> str:
-        return self.get("state")
-
-    @property
-    def namespace(self) -> str:
-        return self.get("namespace")
-
-    @property
-    def payload(self) -> Any:
-        raw = self.get("payload")
-        return orjson.loads(raw) if raw else None
+    @classmethod
+    def from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
+        fields = {_text(k): _text(v) for k, v in raw.items()}
+        checkpoint = raw.get(b"checkpoint", raw.get("checkpoint", b""))
+        return cls(
+            turn_id=turn_id,
+            state=TurnState(fields["state"]),
+            agent=fields.get("agent", ""),
+            conversation_id=fields.get("conversation_id", ""),
+            namespace=fields.get("namespace", ""),
+            payload=_json(fields, "payload"),
+            attempt=_int(fields, "attempt", 1),
+            deliveries=_int(fields, "deliveries"),
+            redeliveries=_int(fields, "redeliveries"),
+            iteration=_int(fields, "iteration"),
+            created_at_ms=_int(fields, "created_at_ms"),
+            updated_at_ms=_int(fields, "updated_at_ms"),
+            started_at_ms=_int(fields, "started_at_ms"),
+            finished_at_ms=_int(fields, "finished_at_ms"),
+            due_at_ms=_int(fields, "due_at_ms"),
+            first_failed_at_ms=_int(fields, "first_failed_at_ms"),
+            worker=fields.get("worker", ""),
+            token=fields.get("token", ""),
+            checkpoint=checkpoint if isinstance(checkpoint, bytes) else checkpoint.encode(),
+            last_error=fields.get("last_error", ""),
+            result=_json(fields, "result"),
+            dlq_id=fields.get("dlq_id", ""),
+            reason=fields.get("reason", ""),
+            replay_of=fields.get("replay_of", ""),
+            replayed_as=fields.get("replayed_as", ""),
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        """The record for people and JSON output: numbers as numbers, JSON fields parsed."""
-        out: dict[str, Any] = {"turnId": self.turn_id}
-        for name, raw in sorted(self.fields.items()):
-            if name in ("payload", "result", "checkpoint"):
-                out[name] = orjson.loads(raw) if raw else None
-            elif name.endswith("_ms") or name in ("attempt", "deliveries", "iteration"):
-                out[name] = int(raw) if raw else None
-            elif name != "token":
-                out[name] = raw
-        return out
+        """The record for people and JSON output (camelCase keys, no lease token)."""
+        return {
+            "turnId": self.turn_id,
+            "state": str(self.state),
+            "agent": self.agent,
+            "conversationId": self.conversation_id,
+            "namespace": self.namespace,
+            "attempt": self.attempt,
+            "deliveries": self.deliveries,
+            "redeliveries": self.redeliveries,
+            "iteration": self.iteration,
+            "createdAtMs": self.created_at_ms,
+            "updatedAtMs": self.updated_at_ms,
+            "startedAtMs": self.started_at_ms or None,
+            "finishedAtMs": self.finished_at_ms or None,
+            "dueAtMs": self.due_at_ms or None,
+            "firstFailedAtMs": self.first_failed_at_ms or None,
+            "worker": self.worker or None,
+            "lastError": self.last_error or None,
+            "deadLetterId": self.dlq_id or None,
+            "reason": self.reason or None,
+            "replayOf": self.replay_of or None,
+            "replayedAs": self.replayed_as or None,
+            "payload": self.payload,
+            "result": self.result,
+            "checkpoint": orjson.loads(self.checkpoint) if self.checkpoint else None,
+        }
 
 
 @dataclass(frozen=True)
 class Claim:
-    status: str
-    deliveries: int = 0
+    status: ClaimStatus
     record: TurnRecord | None = None
     # The stored conversation envelope, when the turn starts from it (no checkpoint of its own).
     stored: bytes | None = None
 
-    @property
-    def attempt(self) -> int:
-        return self.record.number("attempt", 1) if self.record else 0
+
+@dataclass(frozen=True)
+class Ended:
+    """What ending a turn did: whether this call ended it, and the conversation's next head."""
+
+    ended: bool
+    next_head: str | None = None
+
+
+@dataclass(frozen=True)
+class Due:
+    turn_id: str
+    namespace: str
+
+
+@functools.cache
+def _source(name: str) -> str:
+    lua = resources.files("tasks") / "lua"
+    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
 class TurnRecords:
+    """The turn records and the conversation queues and leases that go with them."""
+
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self._redis = client
         self._keys = keys
-        self._register = client.register_script(_REGISTER)
-        self._unregister = client.register_script(_UNREGISTER)
-        self._claim = client.register_script(_CLAIM)
-        self._progress = client.register_script(_PROGRESS)
-        self._succeed = client.register_script(_SUCCEED)
-        self._retry = client.register_script(_RETRY)
-        self._dead_letter = client.register_script(_DEAD_LETTER)
-        self._take_due = client.register_script(_TAKE_DUE)
+        self._scripts: dict[str, Script] = {}
 
     @property
     def keys(self) -> Keys:
         return self._keys
 
-    def get(self, turn_id: str) -> TurnRecord | None:
-        raw: Any = self._redis.hgetall(self._keys.turn(turn_id))
-        if not raw:
-            return None
-        return TurnRecord(turn_id, {_text(k): _text(v) for k, v in raw.items()})
+    def script(self, name: str) -> Script:
+        """tasks/lua/<name>.lua with common.lua in front, registered once per client."""
+        found = self._scripts.get(name)
+        if found is None:
+            found = self._scripts[name] = self._redis.register_script(_source(name))
+        return found
+
+    def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return self.script(name)(keys=keys, args=args)
+
+    def get(self, turn_id: str, namespace: str | None = None) -> TurnRecord | None:
+        """The turn's record; without its namespace every shard is asked (one round trip)."""
+        if namespace is not None:
+            raw: Any = self._redis.hgetall(self._keys.for_namespace(namespace).turn(turn_id))
+            return TurnRecord.from_redis(turn_id, raw) if raw else None
+        with self._redis.pipeline(transaction=False) as pipe:
+            for shard in self._keys.all_shards():
+                pipe.hgetall(shard.turn(turn_id))
+            found = [raw for raw in pipe.execute() if raw]
+        return TurnRecord.from_redis(turn_id, found[0]) if found else None
 
     def register(
         self,
@@ -239,61 +240,41 @@ class TurnRecords:
     ) -> bool:
         """Record a submitted turn and queue it behind its conversation's earlier turns.
         Idempotent: a turn id already recorded is left as it is."""
-        created = self._register(
-            keys=[
-                self._keys.turn(turn_id),
-                self._keys.conversation_queue(namespace),
-                self._keys.pending,
-            ],
-            args=[
-                turn_id,
-                now_ms(),
-                payload,
-                agent,
-                conversation_id,
-                namespace,
-                checkpoint,
-                replay_of,
-            ],
-        )
-        return bool(created)
+        k = self._keys.for_namespace(namespace)
+        args = [turn_id, payload, agent, conversation_id, namespace, checkpoint, replay_of]
+        return bool(self._run("register", [k.turn(turn_id), k.queue(namespace), k.pending], args))
 
     def unregister(self, turn_id: str, namespace: str) -> None:
         """Undo register for a turn whose message could not be published."""
-        self._unregister(
-            keys=[
-                self._keys.turn(turn_id),
-                self._keys.conversation_queue(namespace),
-                self._keys.pending,
-            ],
-            args=[turn_id],
-        )
+        k = self._keys.for_namespace(namespace)
+        self._run("unregister", [k.turn(turn_id), k.queue(namespace), k.pending], [turn_id])
 
     def claim(
         self, turn_id: str, namespace: str, token: str, lease_ttl_s: float, worker: str
     ) -> Claim:
-        """Take the turn if it may run now: the head of its conversation, no live lease, not
-        waiting out a backoff, not ended. One round trip, which also returns its record."""
-        keys = self._keys
-        reply = self._claim(
-            keys=[
-                keys.turn(turn_id),
-                keys.conversation_queue(namespace),
-                keys.lease(namespace),
-                keys.retries,
-                keys.running,
-                keys.pending,
-                keys.conversation(namespace),
+        """Take the turn if it may run now. One round trip, which also returns its record and,
+        for a turn starting from the stored conversation, that conversation."""
+        k = self._keys.for_namespace(namespace)
+        reply = self._run(
+            "claim",
+            [
+                k.turn(turn_id),
+                k.queue(namespace),
+                k.lease(namespace),
+                k.retries,
+                k.running,
+                k.pending,
+                k.conversation(namespace),
             ],
-            args=[turn_id, token, now_ms(), int(lease_ttl_s * 1000), worker],
+            [turn_id, token, int(lease_ttl_s * 1000), worker],
         )
-        status = _text(reply[0])
-        if status != "claimed":
+        status = ClaimStatus(_text(reply[0]))
+        if status is not ClaimStatus.CLAIMED:
             return Claim(status)
         flat = reply[2]
-        fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
-        stored = reply[3] if len(reply) > 3 and isinstance(reply[3], bytes) else None
-        return Claim(status, int(reply[1]), TurnRecord(turn_id, fields), stored)
+        raw = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+        stored = reply[3] if isinstance(reply[3], bytes) else None
+        return Claim(status, TurnRecord.from_redis(turn_id, raw), stored)
 
     def renew(
         self,
@@ -306,15 +287,24 @@ class TurnRecords:
     ) -> bool:
         """Extend the lease; with a checkpoint, also persist the turn's progress. False when
         the lease is no longer this turn's."""
-        args: list[Any] = [turn_id, token, now_ms(), int(lease_ttl_s * 1000)]
+        k = self._keys.for_namespace(namespace)
+        args: list[Any] = [turn_id, token, int(lease_ttl_s * 1000)]
         if checkpoint is not None:
             args += [checkpoint, iteration]
-        keys = self._keys
-        return bool(
-            self._progress(
-                keys=[keys.turn(turn_id), keys.lease(namespace), keys.running], args=args
-            )
-        )
+        keys = [k.turn(turn_id), k.lease(namespace), k.running]
+        return bool(self._run("progress", keys, args))
+
+    def _ending_keys(self, k: ShardKeys, turn_id: str, namespace: str) -> list[str]:
+        # The keys common.lua's end_turn reads as `k`, in its order.
+        return [
+            k.turn(turn_id),
+            k.lease(namespace),
+            k.running,
+            k.queue(namespace),
+            k.retries,
+            k.pending,
+            k.finished,
+        ]
 
     def succeed(
         self,
@@ -325,22 +315,11 @@ class TurnRecords:
         envelope: bytes,
         result: bytes,
         ttl_s: int,
-    ) -> tuple[bool, str | None]:
-        """Store the conversation and end the turn, atomically. Returns (ended, next head)."""
-        keys = self._keys
-        reply = self._succeed(
-            keys=[
-                keys.turn(turn_id),
-                keys.lease(namespace),
-                keys.running,
-                keys.conversation_queue(namespace),
-                keys.conversation(namespace),
-                keys.pending,
-                keys.finished,
-            ],
-            args=[turn_id, token, now_ms(), envelope, result, ttl_s],
-        )
-        return _ended(reply)
+    ) -> Ended:
+        """Store the conversation and end the turn, atomically."""
+        k = self._keys.for_namespace(namespace)
+        keys = [*self._ending_keys(k, turn_id, namespace), k.conversation(namespace)]
+        return _ended(self._run("succeed", keys, [turn_id, token, envelope, result, ttl_s]))
 
     def schedule_retry(
         self,
@@ -348,18 +327,17 @@ class TurnRecords:
         namespace: str,
         token: str,
         *,
-        due_ms: int,
+        delay_ms: int,
         next_attempt: int,
         checkpoint: bytes,
         error: str,
-    ) -> bool:
-        keys = self._keys
-        return bool(
-            self._retry(
-                keys=[keys.turn(turn_id), keys.lease(namespace), keys.running, keys.retries],
-                args=[turn_id, token, now_ms(), due_ms, next_attempt, checkpoint, error],
-            )
-        )
+    ) -> int:
+        """Park the turn until `delay_ms` from now by the server's clock; returns the due time
+        (epoch ms), or 0 when the lease was no longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.retries]
+        args = [turn_id, token, delay_ms, next_attempt, checkpoint, error]
+        return int(self._run("retry", keys, args))
 
     def dead_letter(
         self,
@@ -370,46 +348,40 @@ class TurnRecords:
         entry_id: str,
         entry: bytes,
         reason: str,
-        ttl_s: int,
-    ) -> tuple[bool, str | None]:
-        """File the entry and end the turn, atomically. Returns (ended, next head)."""
-        keys = self._keys
-        reply = self._dead_letter(
-            keys=[
-                keys.turn(turn_id),
-                keys.lease(namespace),
-                keys.running,
-                keys.conversation_queue(namespace),
-                keys.retries,
-                keys.pending,
-                keys.dead_letters,
-                keys.dead_letter_index,
-                keys.finished,
-            ],
-            args=[turn_id, token, now_ms(), entry_id, entry, reason, ttl_s],
-        )
-        return _ended(reply)
+        checkpoint: bytes = b"",
+    ) -> Ended:
+        """File the entry summary and end the turn, atomically (token '' for a turn that was
+        never claimed). `checkpoint` replaces the record's when given."""
+        k = self._keys.for_namespace(namespace)
+        keys = [*self._ending_keys(k, turn_id, namespace), k.dead_letters, k.dead_letter_index]
+        args = [turn_id, token, entry_id, entry, reason, checkpoint]
+        return _ended(self._run("dead_letter", keys, args))
 
-    def take_due(self, index_key: str, *, before_ms: int, limit: int, bump_ms: int) -> list[str]:
-        """Members of a time index due by `before_ms`, each pushed `bump_ms` later so another
-        pump (or the next tick) does not take it again while its wake-up is on the way."""
-        due = self._take_due(keys=[index_key], args=[before_ms, limit, bump_ms])
-        return [member.decode() for member in due]
+    def take_due(
+        self, shard: ShardKeys, index_key: str, *, limit: int, bump_ms: int, lag_ms: int = 0
+    ) -> list[Due]:
+        """Members of one of `shard`'s time indices due by the server's clock minus `lag_ms`,
+        each pushed `bump_ms` later so another pump does not take it again meanwhile."""
+        flat = self._run("take_due", [index_key], [limit, bump_ms, lag_ms, shard.turn_prefix])
+        return [Due(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     def conversation_head(self, namespace: str) -> str | None:
-        head = self._redis.lindex(self._keys.conversation_queue(namespace), 0)
-        return _text(head) if head is not None else None
+        head = self._redis.lindex(self._keys.for_namespace(namespace).queue(namespace), 0)
+        return _text(head) if isinstance(head, bytes | str) else None
 
     def lease_holder(self, namespace: str) -> str | None:
-        raw = self._redis.get(self._keys.lease(namespace))
-        return raw.decode().split("|", 1)[0] if isinstance(raw, bytes) else None
+        """The turn id holding the conversation's lease, or None."""
+        k = self._keys.for_namespace(namespace)
+        holder = self.script("lease_holder")(keys=[k.lease(namespace)], args=[])
+        return _text(holder) if holder else None
+
+    def server_time_ms(self) -> int:
+        seconds, micros = self._redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _ended(reply: list[Any]) -> tuple[bool, str | None]:
-    status = reply[0].decode()
+def _ended(reply: list[Any]) -> Ended:
+    if _text(reply[0]) != "ok":
+        return Ended(False)
     head = reply[1] if len(reply) > 1 else None
-    return status == "ok", head.decode() if isinstance(head, bytes) else None
+    return Ended(True, _text(head) if isinstance(head, bytes | str) else None)

@@ -33,6 +33,7 @@ class Settings:
     # How long after a turn ends the pump checks that its Celery result was stored.
     result_grace_s: float = 5.0
     record_ttl_s: int = 7 * 24 * 3600
+    index_shards: int = 16
     turn_queue: str = "agentjobs.turns"
     retry_queue: str = "agentjobs.retry"
     agents: Mapping[str, str] = field(default_factory=dict)
@@ -48,6 +49,7 @@ _NUMBERS: dict[str, tuple[str, type]] = {
     "AGENTJOBS_STALL_AFTER_S": ("stall_after_s", float),
     "AGENTJOBS_RECORD_TTL_S": ("record_ttl_s", int),
     "AGENTJOBS_RESULT_GRACE_S": ("result_grace_s", float),
+    "AGENTJOBS_INDEX_SHARDS": ("index_shards", int),
 }
 
 

@@ -3,27 +3,28 @@
     run_turn.delay(...)  --register-->  turn record (queued) + conversation queue
     worker: claim (head of the conversation queue, lease)  -> running
         progress after each tool round  -> checkpoint in the turn record (persist, then proceed)
+        then one outcome, from the table in `decide`:
         answer                          -> conversation envelope + succeeded, atomically
         resumable failure               -> checkpoint + due time in the retry index (waiting);
                                            the pump wakes resume_turn when due
         anything else / attempts spent  -> dead-letter entry + dead_lettered, atomically
+        lease lost / Redis unreachable  -> nothing written; recovery wakes the turn again
     the next turn of the conversation is woken when this one ends.
 
 A turn's Celery task id is its turn id; resume_turn messages reuse it, so `AsyncResult.get()`
 on the submitted task sees the final result however many attempts it took. Every message is
-only a wake-up: the turn record decides what runs, so duplicates and redeliveries are harmless.
+only a wake-up: the turn record decides what runs, so duplicates and redeliveries are harmless
+(tasks/records.py draws the states).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
-import time
 import uuid
-from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 import orjson
 import redis
@@ -45,17 +46,10 @@ from agent import (
 )
 from tasks.app import app
 from tasks.context import JobContext, job_context
-from tasks.deadletter import build_entry, entry_id_for
-from tasks.errors import (
-    BadPayload,
-    JobError,
-    LeaseLost,
-    PoisonTurn,
-    Reason,
-    TurnDeadLettered,
-)
+from tasks.deadletter import file_dead_letter
+from tasks.errors import BadPayload, JobError, LeaseLost, PoisonTurn, Reason, TurnDeadLettered
 from tasks.payload import TurnRequest, parse_payload, registration_of
-from tasks.records import TERMINAL_STATES, Claim, TurnRecord, now_ms
+from tasks.records import ClaimStatus, TurnRecord
 from tasks.redact import redact
 from tasks.registry import build_agent
 from tasks.retry import backoff_delay_s
@@ -63,12 +57,51 @@ from tasks.store import envelope_bytes, read_envelope
 
 logger = logging.getLogger("agentjobs.turns")
 
-_REASONS: dict[type[BaseException], Reason] = {
+
+class Outcome(StrEnum):
+    SUCCEED = "succeed"
+    RETRY = "retry"
+    DEAD_LETTER = "dead_letter"
+    IGNORE = "ignore"  # write nothing: another delivery owns the turn, or Redis is away
+
+
+@dataclass(frozen=True)
+class Decision:
+    outcome: Outcome
+    reason: Reason | None = None
+    error: BaseException | None = None
+    # The checkpoint to keep (a failed run's), when the failure carries one.
+    checkpoint: AgentRunCheckpoint | None = None
+
+
+# Errors the runtime raises at a door (before or instead of running), by dead-letter reason.
+_DOOR_REASONS: dict[type[BaseException], Reason] = {
     CheckpointFormatError: Reason.INVALID_CHECKPOINT,
     ConversationMismatchError: Reason.CONVERSATION_MISMATCH,
     InvalidRunInputError: Reason.BAD_PAYLOAD,
     MessageDeniedError: Reason.MESSAGE_DENIED,
 }
+
+
+def decide(exc: BaseException, *, attempt: int, max_attempts: int) -> Decision:
+    """The one table from a failed attempt's exception to what happens to the turn."""
+    if isinstance(exc, RunCheckpointError):
+        if isinstance(exc.cause, LeaseLost | redis.RedisError):
+            return Decision(Outcome.IGNORE)
+        if not can_resume(exc):
+            return Decision(Outcome.DEAD_LETTER, Reason.NON_RESUMABLE, exc.cause, exc.checkpoint)
+        if attempt >= max_attempts:
+            return Decision(Outcome.DEAD_LETTER, Reason.MAX_ATTEMPTS, exc.cause, exc.checkpoint)
+        return Decision(Outcome.RETRY, None, exc.cause, exc.checkpoint)
+    if isinstance(exc, LeaseLost | redis.RedisError):
+        return Decision(Outcome.IGNORE)
+    if isinstance(exc, JobError):
+        return Decision(Outcome.DEAD_LETTER, exc.reason, exc)
+    if isinstance(exc, AgentError):
+        return Decision(
+            Outcome.DEAD_LETTER, _DOOR_REASONS.get(type(exc), Reason.INTERNAL_ERROR), exc
+        )
+    return Decision(Outcome.DEAD_LETTER, Reason.INTERNAL_ERROR, exc)
 
 
 def register_turn(
@@ -141,351 +174,10 @@ def resume_turn(self: Task, turn_id: str, namespace: str | None = None) -> dict[
     return drive_turn(turn_id, None, namespace=namespace, worker=self.request.hostname or "")
 
 
-def completed_rounds(history: list[dict[str, Any]]) -> int:
-    """Tool rounds this turn has completed, counted back to its user message: the turn's
-    iteration in flight is one more, across resumes (a run's own counter restarts at 1)."""
-    rounds = 0
-    for message in reversed(history):
-        if message.get("role") == "user" and not is_compacted_summary(message):
-            break
-        if message.get("role") == "assistant" and message.get("toolCalls"):
-            rounds += 1
-    return rounds
-
-
-def wake(turn_id: str | None, namespace: str | None = None) -> None:
-    """Publish a wake-up for a turn (its namespace, when known, spares the worker a read)."""
-    if turn_id is None:
-        return
-    try:
-        resume_turn.apply_async(args=[turn_id, namespace], task_id=turn_id)
-    except Exception:  # the pump wakes stalled heads; never fail a finished turn for this
-        logger.warning("could not wake turn %s; the pump will", turn_id, exc_info=True)
-
-
-def drive_turn(
-    turn_id: str,
-    submitted: Mapping[str, Any] | None,
-    *,
-    worker: str,
-    namespace: str | None = None,
-) -> dict[str, Any]:
-    ctx = job_context()
-    try:
-        if namespace is None:
-            namespace = _namespace_of(ctx, turn_id, submitted)
-        if not namespace:
-            _dead_letter_bad_payload(ctx, turn_id, submitted)
-        token = uuid.uuid4().hex
-        lease_ttl_s = ctx.settings.lease_ttl_s
-        claim = ctx.records.claim(turn_id, namespace, token, lease_ttl_s, worker)
-        if claim.status == "missing" and submitted is not None:
-            register_turn(ctx, turn_id, submitted)  # sent without going through run_turn.delay
-            claim = ctx.records.claim(turn_id, namespace, token, lease_ttl_s, worker)
-        if claim.status != "claimed" or claim.record is None:
-            logger.info("turn %s not run by this delivery: %s", turn_id, claim.status)
-            raise Ignore()
-        # The recorded payload is the one that queued under this namespace: it parses.
-        request = parse_payload(claim.record.payload)
-        return _Turn(ctx, claim.record, request, token=token, attempt=claim.attempt).run(claim)
-    except redis.RedisError:
-        # Redis is unreachable: nothing can be recorded now. The turn's lease runs out and the
-        # pump wakes it again once Redis answers.
-        logger.warning("turn %s: Redis unavailable; leaving it to recovery", turn_id, exc_info=True)
-        raise Ignore() from None
-
-
-def _namespace_of(ctx: JobContext, turn_id: str, submitted: Mapping[str, Any] | None) -> str:
-    """The conversation namespace a delivery claims under ('' for a broken payload)."""
-    if submitted is not None:
-        return registration_of(submitted)[2]
-    record = ctx.records.get(turn_id)
-    if record is None:
-        logger.warning("resume_turn for unknown turn %s: ignored", turn_id)
-        raise Ignore()
-    return record.namespace
-
-
-def _dead_letter_bad_payload(
-    ctx: JobContext, turn_id: str, submitted: Mapping[str, Any] | None
-) -> NoReturn:
-    record = ctx.records.get(turn_id)
-    if record is None and submitted is not None:
-        register_turn(ctx, turn_id, submitted)
-        record = ctx.records.get(turn_id)
-    if record is None or record.state in TERMINAL_STATES:
-        raise Ignore()
-    try:
-        parse_payload(record.payload)
-    except BadPayload as exc:
-        _Turn(ctx, record, None, token="", attempt=1).dead_letter(exc.reason, exc, None)
-    raise Ignore()  # the recorded payload is fine: a later delivery runs it
-
-
-class _LeaseKeeper:
-    """One thread per worker process renews the conversation leases of every turn the process
-    is running (a thread per turn would cost more than a short turn itself)."""
-
-    def __init__(self, ctx: JobContext) -> None:
-        self._ctx = ctx
-        self._lock = threading.Lock()
-        self._held: dict[str, tuple[str, str]] = {}  # token -> (turn_id, namespace)
-        self._thread = threading.Thread(target=self._renew_forever, name="leases", daemon=True)
-        self._thread.start()
-
-    @contextlib.contextmanager
-    def holding(self, turn_id: str, namespace: str, token: str) -> Iterator[None]:
-        with self._lock:
-            self._held[token] = (turn_id, namespace)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._held.pop(token, None)
-
-    def _renew_forever(self) -> None:
-        lease_ttl_s = self._ctx.settings.lease_ttl_s
-        while True:
-            time.sleep(lease_ttl_s / 3)
-            with self._lock:
-                held = list(self._held.items())
-            for token, (turn_id, namespace) in held:
-                try:
-                    if not self._ctx.records.renew(turn_id, namespace, token, lease_ttl_s):
-                        with self._lock:
-                            self._held.pop(token, None)  # taken over: its writes will fail
-                except redis.RedisError:
-                    logger.warning("lease renewal failed for turn %s", turn_id, exc_info=True)
-
-
-_keepers: dict[int, _LeaseKeeper] = {}
-_keepers_lock = threading.Lock()
-
-
-def lease_keeper(ctx: JobContext) -> _LeaseKeeper:
-    """This process's keeper; a forked pool child starts its own (threads do not survive
-    a fork)."""
-    pid = os.getpid()
-    with _keepers_lock:
-        keeper = _keepers.get(pid)
-        if keeper is None:
-            keeper = _keepers[pid] = _LeaseKeeper(ctx)
-        return keeper
-
-
-class _Turn:
-    """One delivery's work on one claimed turn."""
-
-    def __init__(
-        self,
-        ctx: JobContext,
-        record: TurnRecord,
-        request: TurnRequest | None,
-        *,
-        token: str,
-        attempt: int,
-    ) -> None:
-        self.ctx = ctx
-        self.record = record
-        self.request = request
-        self.turn_id = record.turn_id
-        self.namespace = request.namespace if request else record.namespace
-        self.token = token
-        self.attempt = attempt
-        self.last_checkpoint: AgentRunCheckpoint | None = None
-        self.stored: bytes | None = None
-        self.reported = False
-
-    def run(self, claim: Claim) -> dict[str, Any]:
-        settings = self.ctx.settings
-        self.stored = claim.stored
-        if claim.deliveries > settings.max_deliveries:
-            self.dead_letter(Reason.POISON, PoisonTurn(self.turn_id, claim.deliveries - 1), None)
-        with lease_keeper(self.ctx).holding(self.turn_id, self.namespace, self.token):
-            try:
-                result = self._run_agent()
-            except RunCheckpointError as exc:
-                if isinstance(exc.cause, LeaseLost):
-                    raise Ignore() from None
-                if not can_resume(exc):
-                    self.dead_letter(Reason.NON_RESUMABLE, exc.cause, exc.checkpoint)
-                if self.attempt >= settings.max_attempts:
-                    self.dead_letter(Reason.MAX_ATTEMPTS, exc.cause, exc.checkpoint)
-                self.schedule_retry(exc)
-            except LeaseLost:
-                raise Ignore() from None
-            except (JobError, AgentError) as exc:
-                reason = getattr(exc, "reason", None) if isinstance(exc, JobError) else None
-                reason = reason or _REASONS.get(type(exc), Reason.INTERNAL_ERROR)
-                self.dead_letter(reason, exc, self.last_checkpoint)
-            except redis.RedisError:
-                raise
-            except Exception as exc:
-                logger.exception("turn %s failed outside the agent run", self.turn_id)
-                self.dead_letter(Reason.INTERNAL_ERROR, exc, self.last_checkpoint)
-        return self.succeed(result)
-
-    def _run_agent(self) -> AgentResult:
-        request = self.request
-        assert request is not None
-        agent = build_agent(request.agent, self.ctx.settings.agents)
-        saved = self.record.get("checkpoint")
-        if saved:
-            # A later attempt, or a redelivery after a crash: resume from the last persisted
-            # progress; tools of completed iterations do not run again.
-            checkpoint = AgentRunCheckpoint.from_json(saved)
-            self.last_checkpoint = checkpoint
-            return agent.resume_on_error(checkpoint, time=request.time, on_progress=self.persist)
-        stored = None
-        if self.stored is not None:
-            key = self.ctx.store.key(self.namespace)
-            stored = read_envelope(self.stored, key, self.namespace)
-        self.last_checkpoint = stored
-        # The seeded checkpoint holds nothing a fresh start would not rebuild, unless a time
-        # layer fixed the turn's clock: skip that write.
-        self.reported = agent.time_layer is not None
-        turn_input = AgentInput(
-            message=request.message,
-            continue_from=stored,
-            identity=request.identity,
-            message_from=request.message_from,
-            time=request.time,
-        )
-        return agent.run(turn_input, on_progress=self.persist)
-
-    def persist(self, checkpoint: AgentRunCheckpoint) -> None:
-        """Write progress before the next iteration's tools run (JOBS.md guarantee 3)."""
-        self.last_checkpoint = checkpoint
-        if not self.reported:
-            self.reported = True
-            return
-        iteration = completed_rounds(checkpoint.history) + 1
-        if not self.ctx.records.renew(
-            self.turn_id,
-            self.namespace,
-            self.token,
-            self.ctx.settings.lease_ttl_s,
-            checkpoint=checkpoint.to_json(),
-            iteration=iteration,
-        ):
-            raise LeaseLost(self.turn_id)
-
-    def succeed(self, result: AgentResult) -> dict[str, Any]:
-        request = self.request
-        assert request is not None
-        reply = {
-            "conversationId": request.conversation_id,
-            "turnNumber": result.turn_number,
-            "runId": result.run_id,
-            "content": result.content,
-            "attempts": self.attempt,
-        }
-        ended, head = self.ctx.records.succeed(
-            self.turn_id,
-            self.namespace,
-            self.token,
-            envelope=envelope_bytes(result.checkpoint),
-            result=orjson.dumps(reply),
-            ttl_s=self.ctx.settings.record_ttl_s,
-        )
-        if not ended:
-            raise Ignore()
-        wake(head, self.namespace)
-        return reply
-
-    def schedule_retry(self, exc: RunCheckpointError) -> NoReturn:
-        settings = self.ctx.settings
-        retry_after = getattr(exc.cause, "retry_after_s", None)
-        delay_s = backoff_delay_s(
-            self.attempt,
-            base_s=settings.backoff_base_s,
-            cap_s=settings.backoff_max_s,
-            retry_after_s=retry_after if isinstance(retry_after, int | float) else None,
-        )
-        error = redact(f"{type(exc.cause).__name__}: {exc.cause}")
-        scheduled = self.ctx.records.schedule_retry(
-            self.turn_id,
-            self.namespace,
-            self.token,
-            due_ms=now_ms() + int(delay_s * 1000),
-            next_attempt=self.attempt + 1,
-            checkpoint=exc.checkpoint.to_json(),
-            error=error,
-        )
-        if scheduled:
-            logger.info(
-                "turn %s attempt %d failed (%s); attempt %d in %.1f s",
-                self.turn_id,
-                self.attempt,
-                error,
-                self.attempt + 1,
-                delay_s,
-            )
-        raise Ignore()
-
-    def _base_run_id(self) -> str:
-        """The stored conversation's run id: unchanged since this turn started, since only the
-        head of a conversation's queue writes it. A replay resumes the entry's checkpoint only
-        while it still is."""
-        if not self.namespace:
-            return ""
-        try:
-            stored = self.ctx.store.load(self.namespace)
-        except (JobError, AgentError):
-            return ""
-        return stored.run_id if stored else ""
-
-    def dead_letter(
-        self, reason: str, error: BaseException, checkpoint: AgentRunCheckpoint | None
-    ) -> NoReturn:
-        record = self.record
-        saved = record.get("checkpoint")
-        if checkpoint is not None:
-            checkpoint_wire: Any = checkpoint.to_dict()
-        else:
-            checkpoint_wire = orjson.loads(saved) if saved else None
-        entry_id = entry_id_for(self.turn_id)
-        entry = build_entry(
-            entry_id=entry_id,
-            reason=reason,
-            error=error,
-            attempts=self.attempt,
-            agent=record.get("agent"),
-            conversation_id=record.get("conversation_id"),
-            namespace=self.namespace,
-            turn_id=self.turn_id,
-            first_failed_ms=record.number("first_failed_at_ms"),
-            checkpoint=checkpoint_wire,
-            kwargs=record.payload,
-            base_run_id=self._base_run_id(),
-        )
-        ended, head = self.ctx.records.dead_letter(
-            self.turn_id,
-            self.namespace,
-            self.token,
-            entry_id=entry_id,
-            entry=orjson.dumps(entry),
-            reason=reason,
-            ttl_s=self.ctx.settings.record_ttl_s,
-        )
-        if not ended:
-            raise Ignore()
-        wake(head, self.namespace or None)
-        logger.warning("turn %s dead-lettered as %s (%s)", self.turn_id, entry_id, reason)
-        # No chained cause: the result backend stores the traceback, and the cause's text is
-        # the provider's, unredacted. The entry holds the redacted error.
-        raise TurnDeadLettered(entry_id, reason, entry["error"]) from None
-
-
-def submit_replay(turn_id: str, entry: Mapping[str, Any]) -> bool:
-    """Enqueue a dead-lettered turn again as `turn_id`, with a fresh retry budget.
-
-    It resumes the entry's checkpoint when the conversation has not moved since the turn
-    started (nothing ran after it); otherwise it runs the message again on the conversation as
-    it is now, so the stored history never forks. Returns whether it resumes the checkpoint.
+def submit_turn(turn_id: str, entry: Mapping[str, Any]) -> bool:
+    """Enqueue a dead-letter entry's turn again as `turn_id` (tasks/deadletter.py replays).
     Idempotent for one turn_id: registering is a no-op the second time and a duplicate message
-    is dropped by the turn record.
-    """
+    is dropped by the turn record. Returns whether it resumes the entry's checkpoint."""
     ctx = job_context()
     kwargs = entry.get("kwargs")
     checkpoint = entry.get("checkpoint")
@@ -506,3 +198,257 @@ def submit_replay(turn_id: str, entry: Mapping[str, Any]) -> bool:
     )
     run_turn.apply_async(kwargs=kwargs if isinstance(kwargs, dict) else {}, task_id=turn_id)
     return resume
+
+
+def completed_rounds(history: list[dict[str, Any]]) -> int:
+    """Tool rounds this turn has completed, counted back to its user message: the turn's
+    iteration in flight is one more, across resumes (a run's own counter restarts at 1)."""
+    rounds = 0
+    for message in reversed(history):
+        if message.get("role") == "user" and not is_compacted_summary(message):
+            break
+        if message.get("role") == "assistant" and message.get("toolCalls"):
+            rounds += 1
+    return rounds
+
+
+def wake(turn_id: str | None, namespace: str | None = None) -> None:
+    """Publish a wake-up for a turn (its namespace, when known, spares the worker a lookup)."""
+    if turn_id is None:
+        return
+    try:
+        resume_turn.apply_async(args=[turn_id, namespace], task_id=turn_id)
+    except Exception as exc:  # the pump wakes stalled heads; never fail a finished turn for this
+        logger.warning("could not wake turn %s (%s); the pump will", turn_id, exc)
+
+
+def drive_turn(
+    turn_id: str,
+    submitted: Mapping[str, Any] | None,
+    *,
+    worker: str,
+    namespace: str | None = None,
+) -> dict[str, Any]:
+    ctx = job_context()
+    try:
+        if namespace is None:
+            namespace = _namespace_of(ctx, turn_id, submitted)
+        if not namespace:
+            _dead_letter_bad_payload(ctx, turn_id, submitted)
+            raise Ignore()
+        token = uuid.uuid4().hex
+        lease_ttl_s = ctx.settings.lease_ttl_s
+        claim = ctx.records.claim(turn_id, namespace, token, lease_ttl_s, worker)
+        if claim.status is ClaimStatus.MISSING and submitted is not None:
+            register_turn(ctx, turn_id, submitted)  # sent without going through run_turn.delay
+            claim = ctx.records.claim(turn_id, namespace, token, lease_ttl_s, worker)
+        if claim.record is None:
+            logger.info("turn %s not run by this delivery: %s", turn_id, claim.status)
+            raise Ignore()
+        turn = _Turn(ctx, claim.record, token=token, stored=claim.stored)
+        with ctx.leases.holding(turn_id, namespace, token):
+            return turn.finish(turn.attempt_once())
+    except redis.RedisError as exc:
+        # Redis is unreachable: nothing can be recorded now. The turn's lease runs out and the
+        # pump wakes it again once Redis answers.
+        logger.warning("turn %s: Redis unavailable (%s); leaving it to recovery", turn_id, exc)
+        raise Ignore() from None
+
+
+def _namespace_of(ctx: JobContext, turn_id: str, submitted: Mapping[str, Any] | None) -> str:
+    """The conversation namespace a delivery claims under ('' for a broken payload)."""
+    if submitted is not None:
+        return registration_of(submitted)[2]
+    record = ctx.records.get(turn_id)
+    if record is None:
+        logger.warning("resume_turn for unknown turn %s: ignored", turn_id)
+        raise Ignore()
+    return record.namespace
+
+
+def _dead_letter_bad_payload(
+    ctx: JobContext, turn_id: str, submitted: Mapping[str, Any] | None
+) -> None:
+    """A turn that was never queued: dead-letter it as bad_payload (token '': no claim)."""
+    record = ctx.records.get(turn_id, "")
+    if record is None and submitted is not None:
+        register_turn(ctx, turn_id, submitted)
+        record = ctx.records.get(turn_id, "")
+    if record is None or record.state.terminal:
+        return
+    try:
+        parse_payload(record.payload)
+    except BadPayload as exc:
+        turn = _Turn(ctx, record, token="", stored=None)
+        turn.finish(Decision(Outcome.DEAD_LETTER, exc.reason, exc))
+
+
+class _Turn:
+    """One delivery's work on one claimed turn: one attempt, then its outcome."""
+
+    def __init__(
+        self, ctx: JobContext, record: TurnRecord, *, token: str, stored: bytes | None
+    ) -> None:
+        self.ctx = ctx
+        self.record = record
+        self.turn_id = record.turn_id
+        self.namespace = record.namespace
+        self.token = token
+        self.attempt = record.attempt
+        self.stored = stored
+        self.last_checkpoint: AgentRunCheckpoint | None = None
+        self.reported = False
+        self.result: AgentResult | None = None
+
+    def attempt_once(self) -> Decision:
+        settings = self.ctx.settings
+        if self.record.deliveries > settings.max_deliveries:
+            poison = PoisonTurn(self.turn_id, self.record.deliveries - 1)
+            return Decision(Outcome.DEAD_LETTER, Reason.POISON, poison)
+        try:
+            self.result = self._run_agent(parse_payload(self.record.payload))
+        except Exception as exc:
+            decision = decide(exc, attempt=self.attempt, max_attempts=settings.max_attempts)
+            if decision.reason is Reason.INTERNAL_ERROR:
+                logger.exception("turn %s failed outside the agent run", self.turn_id)
+            return decision
+        return Decision(Outcome.SUCCEED)
+
+    def finish(self, decision: Decision) -> dict[str, Any]:
+        """Write the outcome; returns the reply or raises what Celery should see."""
+        if decision.outcome is Outcome.SUCCEED:
+            assert self.result is not None
+            return self._succeed(self.result)
+        if decision.outcome is Outcome.RETRY:
+            assert decision.error is not None and decision.checkpoint is not None
+            self._schedule_retry(decision.error, decision.checkpoint)
+        elif decision.outcome is Outcome.DEAD_LETTER:
+            assert decision.reason is not None and decision.error is not None
+            self._dead_letter(decision.reason, decision.error, decision.checkpoint)
+        raise Ignore()
+
+    def _run_agent(self, request: TurnRequest) -> AgentResult:
+        agent = build_agent(request.agent, self.ctx.settings.agents)
+        if self.record.checkpoint:
+            # A later attempt, or a redelivery after a crash: resume from the last persisted
+            # progress; tools of completed iterations do not run again.
+            checkpoint = AgentRunCheckpoint.from_json(self.record.checkpoint)
+            self.last_checkpoint = checkpoint
+            return agent.resume_on_error(checkpoint, time=request.time, on_progress=self.persist)
+        stored = None
+        if self.stored is not None:
+            key = self.ctx.store.key(self.namespace)
+            stored = read_envelope(self.stored, key, self.namespace)
+        self.last_checkpoint = stored
+        # The seeded checkpoint holds nothing a fresh start would not rebuild, unless a time
+        # layer fixed the turn's clock: skip that write.
+        self.reported = agent.time_layer is not None
+        turn_input = AgentInput(
+            message=request.message,
+            continue_from=stored,
+            identity=request.identity,
+            message_from=request.message_from,
+            time=request.time,
+        )
+        return agent.run(turn_input, on_progress=self.persist)
+
+    def persist(self, checkpoint: AgentRunCheckpoint) -> None:
+        """Write progress before the next iteration's tools run (docs/jobs.md, crash safety)."""
+        self.last_checkpoint = checkpoint
+        if not self.reported:
+            self.reported = True
+            return
+        iteration = completed_rounds(checkpoint.history) + 1
+        if not self.ctx.records.renew(
+            self.turn_id,
+            self.namespace,
+            self.token,
+            self.ctx.settings.lease_ttl_s,
+            checkpoint=checkpoint.to_json(),
+            iteration=iteration,
+        ):
+            raise LeaseLost(self.turn_id)
+
+    def _succeed(self, result: AgentResult) -> dict[str, Any]:
+        reply = {
+            "conversationId": self.record.conversation_id,
+            "turnNumber": result.turn_number,
+            "runId": result.run_id,
+            "content": result.content,
+            "attempts": self.attempt,
+        }
+        ended = self.ctx.records.succeed(
+            self.turn_id,
+            self.namespace,
+            self.token,
+            envelope=envelope_bytes(result.checkpoint),
+            result=orjson.dumps(reply),
+            ttl_s=self.ctx.settings.record_ttl_s,
+        )
+        if not ended.ended:
+            raise Ignore()
+        wake(ended.next_head, self.namespace)
+        return reply
+
+    def _schedule_retry(self, error: BaseException, checkpoint: AgentRunCheckpoint) -> None:
+        settings = self.ctx.settings
+        retry_after = getattr(error, "retry_after_s", None)
+        delay_s = backoff_delay_s(
+            self.attempt,
+            base_s=settings.backoff_base_s,
+            cap_s=settings.backoff_max_s,
+            retry_after_s=retry_after if isinstance(retry_after, int | float) else None,
+        )
+        text = redact(f"{type(error).__name__}: {error}")
+        due_ms = self.ctx.records.schedule_retry(
+            self.turn_id,
+            self.namespace,
+            self.token,
+            delay_ms=int(delay_s * 1000),
+            next_attempt=self.attempt + 1,
+            checkpoint=checkpoint.to_json(),
+            error=text,
+        )
+        if due_ms:
+            logger.info(
+                "turn %s attempt %d failed (%s); attempt %d in %.1f s",
+                self.turn_id,
+                self.attempt,
+                text,
+                self.attempt + 1,
+                delay_s,
+            )
+
+    def _base_run_id(self) -> str:
+        """The stored conversation's run id: unchanged since this turn started, since only the
+        head of a conversation's queue writes it. A replay resumes the entry's checkpoint only
+        while it still is."""
+        if not self.namespace:
+            return ""
+        try:
+            stored = self.ctx.store.load(self.namespace)
+        except (JobError, AgentError):
+            return ""
+        return stored.run_id if stored else ""
+
+    def _dead_letter(
+        self, reason: Reason, error: BaseException, checkpoint: AgentRunCheckpoint | None
+    ) -> None:
+        checkpoint = checkpoint or self.last_checkpoint
+        entry_id, error_text, ended = file_dead_letter(
+            self.ctx.records,
+            self.record,
+            self.token,
+            reason=reason,
+            error=error,
+            attempts=self.attempt,
+            checkpoint=checkpoint.to_json() if checkpoint is not None else b"",
+            base_run_id=self._base_run_id(),
+        )
+        if not ended.ended:
+            return
+        wake(ended.next_head, self.namespace or None)
+        logger.warning("turn %s dead-lettered as %s (%s)", self.turn_id, entry_id, reason)
+        # No chained cause: the result backend stores the traceback, and the cause's text is
+        # the provider's, unredacted. The entry holds the redacted error.
+        raise TurnDeadLettered(entry_id, reason, error_text) from None

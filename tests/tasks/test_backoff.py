@@ -116,14 +116,14 @@ def test_a_waiting_retry_survives_a_worker_sigkill_and_runs_on_time(make_jobs: A
 
     def waiting() -> bool:
         record = job_context().records.get(turn_id)
-        return record is not None and record.state == "waiting" and bool(record.get("due_at_ms"))
+        return record is not None and record.state == "waiting" and bool(record.due_at_ms)
 
     wait_until(waiting, 15, "the turn to wait out its backoff")
     waiting_record = record_of(turn_id)
-    due_at_ms = waiting_record.number("due_at_ms")
-    failed_at_ms = waiting_record.number("first_failed_at_ms")
+    due_at_ms = waiting_record.due_at_ms
+    failed_at_ms = waiting_record.first_failed_at_ms
     assert BACKOFF_BASE_S / 2 <= (due_at_ms - failed_at_ms) / 1000 <= BACKOFF_BASE_S + 0.1
-    assert waiting_record.number("attempt") == 2
+    assert waiting_record.attempt == 2
 
     # When the worker is SIGKILLed during the wait and a supervisor starts another one
     worker.kill()
@@ -138,9 +138,9 @@ def test_a_waiting_retry_survives_a_worker_sigkill_and_runs_on_time(make_jobs: A
     assert reply["attempts"] == 2
     record = record_of(turn_id)
     assert record.state == "succeeded"
-    assert record.number("attempt") == 2
-    assert record.get("worker").startswith("w2@")
-    started_at_ms = record.number("started_at_ms")
+    assert record.attempt == 2
+    assert record.worker.startswith("w2@")
+    started_at_ms = record.started_at_ms
     late_s = (started_at_ms - due_at_ms) / 1000
     print(
         f"\nattempt 2 started {late_s:.3f} s after it was due (worker ready at +"

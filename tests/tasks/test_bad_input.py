@@ -94,7 +94,7 @@ def test_an_unknown_agent_is_dead_lettered_not_retried(jobs: Any) -> None:
     failed = dead_letter_of(result)
     assert failed.reason == "unknown_agent"
     assert "nobody" in str(failed)
-    assert job_context().records.get(result.id).number("attempt") == 1  # type: ignore[union-attr]
+    assert job_context().records.get(result.id).attempt == 1  # type: ignore[union-attr]
     broken = dead_letter_of(run_turn.delay(agent="broken", conversation_id="d", message="hi"))
     assert broken.reason == "unknown_agent"
     assert "not an agent.Agent" in job_context().dead_letters.get(broken.entry_id)["error"]  # type: ignore[index]
@@ -151,7 +151,10 @@ def test_a_tampered_retry_checkpoint_is_dead_lettered(make_jobs: Any) -> None:
     wait_until(
         lambda: (r := records.get(result.id)) is not None and r.state == "waiting", 10, "waiting"
     )
-    jobs.redis.hset(job_context().keys.turn(result.id), "checkpoint", b'{"version":1}')
+    waiting = records.get(result.id)
+    assert waiting is not None
+    turn_key = job_context().keys.for_namespace(waiting.namespace).turn(result.id)
+    jobs.redis.hset(turn_key, "checkpoint", b'{"version":1}')
     failed = dead_letter_of(result)
     assert failed.reason == "invalid_checkpoint"
     assert "runId" in str(failed)

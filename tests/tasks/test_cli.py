@@ -94,7 +94,7 @@ def test_replay_after_the_conversation_moved_on_runs_the_message_again(jobs: Any
     with pytest.raises(TurnDeadLettered):  # still a 401: it fails again, on the new history
         app.AsyncResult(turn_id).get(timeout=30)
     record = job_context().records.get(turn_id)
-    assert record is not None and record.get("replay_of") == failed.entry_id
+    assert record is not None and record.replay_of == failed.entry_id
     stored = load_conversation("c-m")
     assert stored is not None
     assert [m["content"] for m in stored.history] == ["second", "Done: second"]

@@ -62,7 +62,7 @@ def start_and_reach_round_2(jobs: Any, conversation_id: str) -> tuple[Any, str]:
 
     def in_round_2() -> bool:
         record = job_context().records.get(turn_id)
-        return record is not None and record.get("iteration") == "2" and tool_runs(jobs).get(2) == 1
+        return record is not None and record.iteration == 2 and tool_runs(jobs).get(2) == 1
 
     wait_until(in_round_2, 20, "round 1 persisted and round 2's tool running")
     return result, turn_id
@@ -73,7 +73,7 @@ def kill_and_check_in_flight(jobs: Any, turn_id: str, kill: Callable[[], None]) 
     killed_at = time.time()
     kill()
     record = record_of(turn_id)
-    assert record.get("iteration") == "2", "the kill did not land while round 2 ran"
+    assert record.iteration == 2, "the kill did not land while round 2 ran"
     assert record.state == "running"
     assert tool_runs(jobs) == {1: 1, 2: 1}
     return killed_at
@@ -102,10 +102,10 @@ def check_recovered(
 
     record = record_of(turn_id)
     assert record.state == "succeeded"
-    assert record.number("attempt") == 1
-    assert record.number("deliveries") == 2, "one crashed delivery, one that finished"
+    assert record.attempt == 1
+    assert record.deliveries == 2, "one crashed delivery, one that finished"
     # The turn's iterations, across the resume: ROUNDS tool rounds, then the answer.
-    assert record.get("iteration") == str(ROUNDS + 1)
+    assert record.iteration == ROUNDS + 1
 
     settings = job_context().settings
     # The lease was renewed at most lease_ttl_s before the kill; the pump sees it expire on its
@@ -114,8 +114,8 @@ def check_recovered(
         max(settings.lease_ttl_s, ready_at - killed_at) + settings.pump_interval_s + SLACK_S
     )
     completion_bound_s = resume_bound_s + (ROUNDS - 1) * SLOW_S
-    resumed_after_s = record.number("started_at_ms") / 1000 - killed_at
-    completed_after_s = record.number("finished_at_ms") / 1000 - killed_at
+    resumed_after_s = record.started_at_ms / 1000 - killed_at
+    completed_after_s = record.finished_at_ms / 1000 - killed_at
     print(
         f"\nrecovery: resumed {resumed_after_s:.2f} s after the kill (bound {resume_bound_s:.2f}), "
         f"completed {completed_after_s:.2f} s after (bound {completion_bound_s:.2f})"
@@ -163,7 +163,7 @@ def test_sigkill_of_a_worker_main_process_resumes_on_a_replacement(make_jobs: An
     # the dead worker held stays unacked in Redis for the visibility timeout: the pump's
     # wake-up is what resumes it)
     check_recovered(jobs, result, turn_id, "crash-main", killed_at, ready_at)
-    assert record_of(turn_id).get("worker").startswith("w2@")
+    assert record_of(turn_id).worker.startswith("w2@")
 
 
 def test_the_surviving_worker_takes_over_a_turn_of_a_killed_one(make_jobs: Any) -> None:
@@ -172,7 +172,7 @@ def test_the_surviving_worker_takes_over_a_turn_of_a_killed_one(make_jobs: Any) 
     workers = {name: jobs.worker(pool="threads", name=name) for name in ("w1", "w2")}
     jobs.pump()
     result, turn_id = start_and_reach_round_2(jobs, "crash-two")
-    running_on = record_of(turn_id).get("worker").split("@", 1)[0]
+    running_on = record_of(turn_id).worker.split("@", 1)[0]
     victim = workers.pop(running_on)
     (survivor_name, survivor) = next(iter(workers.items()))
 
@@ -181,6 +181,6 @@ def test_the_surviving_worker_takes_over_a_turn_of_a_killed_one(make_jobs: Any) 
 
     # Then the other worker finishes the turn from round 1's checkpoint, in time
     check_recovered(jobs, result, turn_id, "crash-two", killed_at, killed_at)
-    assert record_of(turn_id).get("worker").startswith(f"{survivor_name}@")
+    assert record_of(turn_id).worker.startswith(f"{survivor_name}@")
     assert survivor.alive()
     assert len([p for p in jobs.processes if p.name != "pump"]) == 2, "no replacement started"

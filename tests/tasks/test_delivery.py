@@ -90,11 +90,11 @@ def test_turns_of_one_conversation_run_in_submission_order(make_jobs: Any) -> No
     for result in results:
         record = records.get(result.id)
         assert record is not None
-        spans.append((record.number("created_at_ms"), record.number("finished_at_ms")))
+        spans.append((record.created_at_ms, record.finished_at_ms))
     for (_, previous_end), result in zip(spans, results[1:], strict=False):
         record = records.get(result.id)
         assert record is not None
-        assert record.number("started_at_ms") >= previous_end, "a later turn overlapped"
+        assert record.started_at_ms >= previous_end, "a later turn overlapped"
 
 
 def test_other_conversations_do_not_wait_for_a_retrying_one(make_jobs: Any) -> None:

@@ -39,10 +39,10 @@ def test_a_turn_that_kills_its_worker_is_dead_lettered_as_poison(make_jobs: Any)
     record = job_context().records.get(result.id)
     assert record is not None
     assert record.state == "dead_lettered"
-    assert record.get("reason") == "poison"
-    assert record.get("dlq_id") == entry_id
+    assert record.reason == "poison"
+    assert record.dlq_id == entry_id
     # Deliveries that ran and crashed, then the one that set the turn aside without running.
-    assert record.number("deliveries") == MAX_DELIVERIES + 1
+    assert record.deliveries == MAX_DELIVERIES + 1
     assert len(CHILD_KILLED.findall(worker.log())) == MAX_DELIVERIES, worker.log()[-3000:]
 
     entry = job_context().dead_letters.get(entry_id)

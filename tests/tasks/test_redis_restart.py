@@ -22,7 +22,7 @@ def test_workers_survive_a_redis_restart_mid_turn(
     result = run_turn.delay(agent="demo", conversation_id="c1", message="hi rounds:2 slow:1.5")
     records = job_context().records
     wait_until(
-        lambda: (r := records.get(result.id)) is not None and r.get("iteration") == "2",
+        lambda: (r := records.get(result.id)) is not None and r.iteration == 2,
         20,
         "the turn to reach its second round",
     )

@@ -134,11 +134,11 @@ def test_a_429_with_retry_after_resumes_no_earlier_than_asked(
     record = job_context().records.get(result.id)
     assert record is not None
     assert record.state == "succeeded"
-    assert record.number("attempt") == 2
-    waited_ms = record.number("due_at_ms") - record.number("first_failed_at_ms")
+    assert record.attempt == 2
+    waited_ms = record.due_at_ms - record.first_failed_at_ms
     assert waited_ms >= RETRY_AFTER_S * 1000
-    assert record.number("started_at_ms") >= record.number("due_at_ms")
-    assert "HTTP 429" in record.get("last_error")
+    assert record.started_at_ms >= record.due_at_ms
+    assert "HTTP 429" in record.last_error
     # Guarantee 7 on the way: the stored error names neither the key nor the endpoint.
-    assert "sk-test" not in record.get("last_error")
-    assert base_url not in record.get("last_error")
+    assert "sk-test" not in record.last_error
+    assert base_url not in record.last_error

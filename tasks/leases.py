@@ -1,0 +1,84 @@
+"""The lease keeper: one thread per process renews the conversation leases of every turn the
+process is running (a thread per turn would cost more than a short turn itself).
+
+It belongs to the process's JobContext. It starts with the first lease it holds and again
+in a forked pool child (threads do not survive a fork), and `stop()` ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator
+
+import redis
+
+from tasks.records import TurnRecords
+
+logger = logging.getLogger("agentjobs.leases")
+
+# Renewals per lease lifetime: a 10 s lease is renewed every 2.5 s, so two missed renewals
+# (a slow Redis, a busy process) still leave it standing.
+RENEWALS_PER_TTL = 4
+
+
+class LeaseKeeper:
+    def __init__(self, records: TurnRecords, lease_ttl_s: float) -> None:
+        self._records = records
+        self._lease_ttl_s = lease_ttl_s
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[str, str]] = {}  # token -> (turn_id, namespace)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    @property
+    def interval_s(self) -> float:
+        return self._lease_ttl_s / RENEWALS_PER_TTL
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._pid == os.getpid():
+                return
+            if self._pid != os.getpid():  # a forked child: the parent's leases are not ours
+                self._held.clear()
+            self._pid = os.getpid()
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    @contextlib.contextmanager
+    def holding(self, turn_id: str, namespace: str, token: str) -> Iterator[None]:
+        self.start()
+        with self._lock:
+            self._held[token] = (turn_id, namespace)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.pop(token, None)
+
+    def _run(self) -> None:
+        stop = self._stop
+        while not stop.wait(self.interval_s):
+            with self._lock:
+                held = list(self._held.items())
+            for token, (turn_id, namespace) in held:
+                self._renew(token, turn_id, namespace)
+
+    def _renew(self, token: str, turn_id: str, namespace: str) -> None:
+        try:
+            if not self._records.renew(turn_id, namespace, token, self._lease_ttl_s):
+                with self._lock:
+                    self._held.pop(token, None)  # taken over: its writes will be refused
+        except redis.RedisError as exc:
+            logger.warning("lease renewal failed for turn %s: %s", turn_id, exc)

@@ -1,0 +1,47 @@
+-- Shared by every script (tasks/records.py puts it in front of each). The one place that
+-- encodes a lease and reads the server's clock (docs/operations.md, "Scale out": leases, due
+-- times and deadlines come from the Redis server's clock, not a worker's).
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function lease_value(turn_id, token)
+  return turn_id .. '|' .. token
+end
+
+-- True when the conversation lease is this turn's under this token: every write of a running
+-- turn checks it, so a worker that stalled past its lease cannot write over its successor.
+local function holds_lease(lease_key, turn_id, token)
+  return redis.call('GET', lease_key) == lease_value(turn_id, token)
+end
+
+-- The turn id holding a lease, or false.
+local function lease_holder(lease_key)
+  local value = redis.call('GET', lease_key)
+  if not value then return false end
+  return string.match(value, '^(.*)|[^|]*$')
+end
+
+local function is_terminal(state)
+  return state == 'succeeded' or state == 'dead_lettered'
+end
+
+-- End a turn: mark it `state` with `fields`, drop it from every live index, release its lease
+-- (when it held it), take it off its conversation's queue and mark the next head as woken now.
+-- Returns the next head's turn id, or false. The one place a turn ends.
+local function end_turn(k, turn_id, state, now, fields)
+  redis.call('HSET', k.turn, 'state', state, 'finished_at_ms', now, 'updated_at_ms', now,
+    unpack(fields))
+  redis.call('HDEL', k.turn, 'token')
+  if lease_holder(k.lease) == turn_id then redis.call('DEL', k.lease) end
+  redis.call('ZREM', k.running, turn_id)
+  redis.call('ZREM', k.retries, turn_id)
+  redis.call('ZREM', k.pending, turn_id)
+  redis.call('ZADD', k.finished, now, turn_id)
+  redis.call('LREM', k.queue, 1, turn_id)
+  local head = redis.call('LINDEX', k.queue, 0)
+  if head then redis.call('ZADD', k.pending, 'XX', now, head) end
+  return head
+end

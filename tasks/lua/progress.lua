@@ -1,0 +1,15 @@
+-- Renew a running turn's lease; with a checkpoint, also persist its progress.
+-- -> 1, or 0 when the lease is no longer this turn's under this token (a stale worker).
+local turn_key, lease_key, running_key = KEYS[1], KEYS[2], KEYS[3]
+local turn_id, token, lease_ms, checkpoint, iteration =
+  ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+
+if not holds_lease(lease_key, turn_id, token) then return 0 end
+local now = now_ms()
+redis.call('PEXPIRE', lease_key, lease_ms)
+redis.call('ZADD', running_key, now + lease_ms, turn_id)
+if checkpoint then
+  redis.call('HSET', turn_key, 'checkpoint', checkpoint, 'iteration', iteration,
+    'updated_at_ms', now)
+end
+return 1

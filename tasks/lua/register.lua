@@ -1,0 +1,17 @@
+-- Record a submitted turn and queue it behind its conversation's earlier turns.
+-- -> 1 when recorded, 0 when the turn id was already recorded (left as it is).
+local turn_key, queue_key, pending_key = KEYS[1], KEYS[2], KEYS[3]
+local turn_id, payload, agent, conversation_id, namespace, checkpoint, replay_of =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+
+if redis.call('EXISTS', turn_key) == 1 then return 0 end
+local now = now_ms()
+redis.call('HSET', turn_key, 'state', 'queued', 'payload', payload, 'agent', agent,
+  'conversation_id', conversation_id, 'namespace', namespace, 'attempt', 1, 'deliveries', 0,
+  'created_at_ms', now, 'updated_at_ms', now)
+if checkpoint ~= '' then redis.call('HSET', turn_key, 'checkpoint', checkpoint) end
+if replay_of ~= '' then redis.call('HSET', turn_key, 'replay_of', replay_of) end
+-- A payload too broken to name a conversation queues nowhere: its worker dead-letters it.
+if namespace ~= '' then redis.call('RPUSH', queue_key, turn_id) end
+redis.call('ZADD', pending_key, now, turn_id)
+return 1

@@ -1,0 +1,14 @@
+-- Store the conversation and end the turn as succeeded, atomically. The record keeps its
+-- result, not its checkpoint (the stored conversation holds it).
+-- -> {'ok', next head or false} or {'lost'} (the lease is no longer this turn's).
+local k = {turn = KEYS[1], lease = KEYS[2], running = KEYS[3], queue = KEYS[4],
+  retries = KEYS[5], pending = KEYS[6], finished = KEYS[7]}
+local conversation_key = KEYS[8]
+local turn_id, token, envelope, result, ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+
+if not holds_lease(k.lease, turn_id, token) then return {'lost'} end
+redis.call('SET', conversation_key, envelope)
+redis.call('HDEL', k.turn, 'checkpoint')
+local head = end_turn(k, turn_id, 'succeeded', now_ms(), {'result', result})
+redis.call('EXPIRE', k.turn, ttl_s)
+return {'ok', head}
