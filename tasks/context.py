@@ -36,13 +36,14 @@ def build_context(settings: Settings) -> JobContext:
     )
     keys = Keys(settings.key_prefix, settings.index_shards)
     records = TurnRecords(client, keys)
+    store = ConversationStore(client, keys)
     return JobContext(
         settings=settings,
         redis=client,
         keys=keys,
         records=records,
-        store=ConversationStore(client, keys),
-        dead_letters=DeadLetterStore(client, records, settings.record_ttl_s),
+        store=store,
+        dead_letters=DeadLetterStore(client, records, store, settings.record_ttl_s),
         leases=LeaseKeeper(records, settings.lease_ttl_s),
     )
 

@@ -24,8 +24,11 @@ from typing import Any
 import orjson
 import redis
 
+from agent import AgentError
+from tasks.errors import JobError
 from tasks.records import Ended, TurnRecord, TurnRecords
 from tasks.redact import redact
+from tasks.store import ConversationStore
 
 
 def iso_ms(epoch_ms: int) -> str:
@@ -96,8 +99,15 @@ class Replayed:
 
 
 class DeadLetterStore:
-    def __init__(self, client: redis.Redis, records: TurnRecords, record_ttl_s: int) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        records: TurnRecords,
+        store: ConversationStore,
+        record_ttl_s: int,
+    ) -> None:
         self._redis = client
+        self._store = store
         self._records = records
         self._keys = records.keys
         self._record_ttl_s = record_ttl_s
@@ -194,7 +204,7 @@ class DeadLetterStore:
             existing = self._redis.get(marker)
             assert isinstance(existing, bytes)
             new_turn_id = existing.decode()
-        resumed = _submit_replay(new_turn_id, entry)
+        resumed = _submit_replay(new_turn_id, entry, self._store)
         self._remove([entry], replayed_as=new_turn_id)
         return Replayed(entry_id, new_turn_id, first=first, resumed_from_checkpoint=resumed)
 
@@ -226,9 +236,24 @@ class DeadLetterStore:
             pipe.execute()
 
 
-def _submit_replay(turn_id: str, entry: dict[str, Any]) -> bool:
-    """Enqueue the replayed turn (idempotent for one turn_id); True when it resumes the entry's
-    checkpoint."""
+def _submit_replay(turn_id: str, entry: dict[str, Any], store: ConversationStore) -> bool:
+    """Enqueue the replayed turn; True when it resumes the entry's checkpoint, which it does
+    only while the stored conversation is the one the failed turn started from."""
     from tasks.turns import submit_turn  # the Celery tasks import this module
 
-    return submit_turn(turn_id, entry)
+    checkpoint = entry.get("checkpoint")
+    namespace = str(entry.get("namespace") or "")
+    resume = False
+    if checkpoint and namespace and entry.get("reason") != "invalid_checkpoint":
+        try:
+            stored = store.load(namespace)
+        except (JobError, AgentError):
+            stored = None
+        resume = (stored.run_id if stored else "") == entry.get("baseRunId", "")
+    submit_turn(
+        turn_id,
+        entry.get("kwargs"),
+        checkpoint=orjson.dumps(checkpoint) if resume else b"",
+        replay_of=str(entry.get("id", "")),
+    )
+    return resume

@@ -174,30 +174,12 @@ def resume_turn(self: Task, turn_id: str, namespace: str | None = None) -> dict[
     return drive_turn(turn_id, None, namespace=namespace, worker=self.request.hostname or "")
 
 
-def submit_turn(turn_id: str, entry: Mapping[str, Any]) -> bool:
-    """Enqueue a dead-letter entry's turn again as `turn_id` (tasks/deadletter.py replays).
-    Idempotent for one turn_id: registering is a no-op the second time and a duplicate message
-    is dropped by the turn record. Returns whether it resumes the entry's checkpoint."""
-    ctx = job_context()
-    kwargs = entry.get("kwargs")
-    checkpoint = entry.get("checkpoint")
-    namespace = str(entry.get("namespace") or "")
-    resume = False
-    if checkpoint and namespace and entry.get("reason") != Reason.INVALID_CHECKPOINT:
-        try:
-            stored = ctx.store.load(namespace)
-        except (JobError, AgentError):
-            stored = None
-        resume = (stored.run_id if stored else "") == entry.get("baseRunId", "")
-    register_turn(
-        ctx,
-        turn_id,
-        kwargs,
-        checkpoint=orjson.dumps(checkpoint) if resume else b"",
-        replay_of=str(entry.get("id", "")),
-    )
+def submit_turn(turn_id: str, kwargs: Any, *, checkpoint: bytes = b"", replay_of: str = "") -> None:
+    """Register and publish a turn outside run_turn.delay (a dead-letter replay), resuming
+    `checkpoint` when given. Idempotent for one turn_id: registering is a no-op the second
+    time and a duplicate message is dropped by the turn record."""
+    register_turn(job_context(), turn_id, kwargs, checkpoint=checkpoint, replay_of=replay_of)
     run_turn.apply_async(kwargs=kwargs if isinstance(kwargs, dict) else {}, task_id=turn_id)
-    return resume
 
 
 def completed_rounds(history: list[dict[str, Any]]) -> int:
