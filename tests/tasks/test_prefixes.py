@@ -1,5 +1,6 @@
 """Two deployments with different key prefixes share one Redis database without meeting: their
-queues, Celery results, remote control and job-system keys all derive from the prefix."""
+queues, Celery results (which expire with AGENTJOBS_RECORD_TTL_S), remote control and job-system
+keys all derive from the prefix."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ SUBMIT = (
 def test_two_prefixes_on_one_redis_never_meet(make_jobs: Any) -> None:
     # Given a deployment under the default prefix and one under "blue", one worker each
     jobs = make_jobs()
-    blue_env = {**jobs.env, "AGENTJOBS_KEY_PREFIX": "blue"}
+    blue_env = {**jobs.env, "AGENTJOBS_KEY_PREFIX": "blue", "AGENTJOBS_RECORD_TTL_S": "900"}
     ours = jobs.worker()
     blue = jobs.worker(name="blue", env=blue_env)
 
@@ -61,6 +62,8 @@ def test_two_prefixes_on_one_redis_never_meet(make_jobs: Any) -> None:
     keys = {key.decode() for key in jobs.redis.scan_iter(count=1000)}
     assert f"agentjobs:celery-task-meta-{reply.id}" in keys
     assert f"blue:celery-task-meta-{blue_id}" in keys
+    # which expires with the deployment's AGENTJOBS_RECORD_TTL_S
+    assert 800 < jobs.redis.ttl(f"blue:celery-task-meta-{blue_id}") <= 900
     owned = {key for key in keys if _named(key).startswith(("agentjobs", "blue"))}
     assert keys - owned <= KOMBU_SHARED, keys - owned
     # And each deployment's remote control reaches its own workers only
