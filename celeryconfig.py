@@ -1,13 +1,21 @@
-"""Celery configuration for agentjobs. Configuration only: every value can be set from the
-environment, and REDIS_URL alone points the broker, the result backend and every store at one
-Redis. The job system's own settings (AGENTJOBS_*) are read in tasks/settings.py."""
+"""Celery configuration for agentjobs. Configuration only: every value comes from
+tasks.settings.Settings, the one reader of the environment (README.md, "Settings"), so REDIS_URL
+alone points the broker, the result backend and every store at one Redis, and a key prefix
+alone keeps two deployments on one Redis apart. `AGENTS` below is yours to fill."""
 
-import os
+from kombu import Exchange, Queue
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+from tasks.settings import load_settings
 
-broker_url = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
-result_backend = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
+# Agents by name: "name": "module:factory" (a factory takes no arguments and returns an
+# agent.Agent; the module imports from the worker's working directory, as `celery -A` does).
+# AGENTJOBS_AGENTS="name=module:factory,..." adds to these and wins.
+AGENTS: dict[str, str] = {}
+
+_settings = load_settings(registry=AGENTS)
+
+broker_url = _settings.broker_url
+result_backend = _settings.result_backend
 broker_connection_retry_on_startup = True
 
 # JSON only, never pickle: orjson under its own content type, stdlib json still accepted.
@@ -15,28 +23,36 @@ task_serializer = "orjson"
 result_serializer = "orjson"
 accept_content = ["orjson", "json"]
 result_accept_content = ["orjson", "json"]
-# Flower and other event consumers read JSON.
+
+# Results live as long as turn records, under the key prefix (another deployment's results,
+# under its own prefix, never meet ours), without the extended fields nothing reads.
+result_expires = _settings.record_ttl_s
+result_backend_transport_options = {"global_keyprefix": f"{_settings.key_prefix}:"}
+result_extended = False
+
+# Remote control (ping, inspect, mingle) and events on exchanges of our own, in JSON (the
+# control replies are made JSON in tasks/app.py), so that any other Celery app on the same Redis
+# neither hears our broadcasts nor chokes on our replies.
+control_exchange = _settings.key_prefix
+event_exchange = f"{_settings.key_prefix}.events"
 event_serializer = "json"
-worker_send_task_events = True
-task_send_sent_event = True
-result_extended = True
-result_expires = 7 * 24 * 3600
+# Task events cost a third of a short turn's throughput. Flower turns them on when it connects
+# (or: celery -A tasks control enable_events).
+worker_send_task_events = False
+task_send_sent_event = False
 
 # A message is acknowledged only when its task ends; a pool child that dies has its message
 # redelivered (the job system counts deliveries, so this cannot loop forever).
 task_acks_late = True
 task_reject_on_worker_lost = True
 worker_prefetch_multiplier = 1
+worker_concurrency = _settings.worker_concurrency
 
 # Submitted turns, and the wake-ups of retries, of the next turn of a conversation and of turns
-# whose worker died. A worker consumes both.
-task_default_queue = os.environ.get("AGENTJOBS_TURN_QUEUE", "agentjobs.turns")
-task_routes = {
-    "tasks.resume_turn": {"queue": os.environ.get("AGENTJOBS_RETRY_QUEUE", "agentjobs.retry")}
-}
-
-# Agents by name: "name": "module:factory" (a factory takes no arguments and returns an Agent).
-# AGENTJOBS_AGENTS="name=module:factory,..." adds to these.
-AGENTS = {
-    "demo": "tasks.demo_agents:build_demo_agent",
-}
+# whose worker died. `celery -A tasks worker` consumes both.
+task_queues = [
+    Queue(name, Exchange(name), routing_key=name)
+    for name in (_settings.turn_queue, _settings.retry_queue)
+]
+task_default_queue = _settings.turn_queue
+task_routes = {"tasks.resume_turn": {"queue": _settings.retry_queue}}

@@ -28,7 +28,6 @@ from agent.identity import encode_namespace
 from agent.messages import LLMProvider, LLMRequest, LLMResponse, ToolCall
 from agent.middleware import Deny, InputContext
 from agent.providers.anthropic import AnthropicProvider
-from agent.providers.env import provider_from_env
 from agent.providers.openai import OpenAIChatProvider
 from agent.providers.scripted import ScriptedProvider, ScriptExhaustedError
 from agent.runtime import Agent, AgentInput, AgentResult
@@ -77,7 +76,6 @@ __all__ = [
     "folded_messages",
     "folded_span_for",
     "is_compacted_summary",
-    "provider_from_env",
     "tool",
     "validate_checkpoint",
 ]

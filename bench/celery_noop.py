@@ -1,10 +1,23 @@
-"""A bare Celery task for bench/throughput.py's baseline, included into the same worker."""
+"""The baseline of bench/throughput.py: a bare Celery app with Celery's defaults plus the two
+settings any durable job needs (acks_late, prefetch 1), on the Redis at REDIS_URL."""
 
 from __future__ import annotations
 
-from tasks.app import app
+import os
+import time
+
+from celery import Celery
+
+app = Celery("bench", broker=os.environ["REDIS_URL"], backend=os.environ["REDIS_URL"])
+app.conf.update(task_acks_late=True, worker_prefetch_multiplier=1)
 
 
-@app.task(name="bench.noop", acks_late=True)  # type: ignore[untyped-decorator]
+@app.task(name="bench.noop")  # type: ignore[untyped-decorator]
 def noop() -> dict[str, int]:
+    return {"ok": 1}
+
+
+@app.task(name="bench.sleep")  # type: ignore[untyped-decorator]
+def sleep(seconds: float) -> dict[str, int]:
+    time.sleep(seconds)
     return {"ok": 1}

@@ -1,7 +1,7 @@
 """A reproducible chaos soak of the job system (issue 5).
 
 A private redis-server (appendonly), two threads workers (concurrency 16) and the pump run 500
-turns over 50 conversations of the soak agent (tests/tasks/soak_agent.py): a gateway that fails
+turns over 50 conversations of the soak agent (bench/soak_agent.py): a gateway that fails
 15% of model calls with HTTP 503 and 5% with 429 + retry-after, refuses 1% of the turns with
 401, and takes 0-300 ms per call; each turn runs 1-2 rounds of a tool with a counted side
 effect. Turns are submitted in five waves, 10 s apart. While they run, the soak SIGKILLs worker
@@ -47,11 +47,11 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import soak_agent as sa  # noqa: E402
 from bench import soak_checks as checks  # noqa: E402
 from bench.soak_checks import TERMINAL, Finding, PlannedTurn, Turn  # noqa: E402
 from tasks.keys import Keys  # noqa: E402
-from tests.tasks import soak_agent as sa  # noqa: E402
-from tests.tasks.harness import (  # noqa: E402
+from tasks.testing import (  # noqa: E402
     Process,
     RedisServer,
     job_env,
@@ -69,8 +69,8 @@ SETTINGS = {
     "AGENTJOBS_MAX_ATTEMPTS": "5",
     "AGENTJOBS_STALL_AFTER_S": "5",
     "AGENTJOBS_RESULT_GRACE_S": "2",
-    "AGENTJOBS_AGENTS": "soak=tests.tasks.soak_agent:build_soak_agent",
 }
+AGENTS = {"soak": "bench.soak_agent:build_soak_agent"}
 WORKERS = ("w1", "w2")
 CONCURRENCY = 16
 REFUSED_SHARE = 0.01
@@ -459,6 +459,7 @@ def drive(
 def soak_env(redis_url: str, seed: int, keys: Secrets) -> dict[str, str]:
     return job_env(
         redis_url,
+        AGENTS,
         **SETTINGS,
         **{sa.SEED_VARIABLE: str(seed)},
         OPENAI_API_KEY=keys.api_key,

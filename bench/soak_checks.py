@@ -18,9 +18,9 @@ import orjson
 import redis
 
 from agent import AgentRunCheckpoint
+from bench import soak_agent as sa
 from tasks.errors import TurnDeadLettered
-from tests.tasks import soak_agent as sa
-from tests.tasks.harness import redis_blob
+from tasks.testing import redis_blob
 
 TERMINAL = ("succeeded", "dead_lettered")
 _LOGGED_END = re.compile(r"\[([0-9a-f-]{36})\] (succeeded in|raised expected: TurnDeadLettered)")

@@ -1,14 +1,15 @@
-"""The Celery app, with orjson registered as a serializer under its own content type."""
+"""The Celery app, with orjson registered as a serializer under its own content type and its
+remote control in JSON."""
 
 from __future__ import annotations
 
-import os
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
 import orjson
 from celery import Celery
+from celery.app.control import Control
 from celery.signals import after_setup_logger, after_setup_task_logger
 from kombu.serialization import register
 
@@ -47,8 +48,22 @@ register(  # type: ignore[no-untyped-call]
 
 workarounds.install()
 
-app = Celery("agentjobs")
-app.config_from_object(os.environ.get("CELERY_CONFIG_MODULE", "celeryconfig"))
+
+class JSONControl(Control):  # type: ignore[misc]
+    """Celery's remote control, its broadcasts and replies in JSON.
+
+    Celery's mailbox serializes with task_serializer (orjson here), and a worker of any other
+    Celery app on the same Redis refuses an orjson reply to its mingle hello and exits
+    (ContentDisallowed). Control messages carry none of our payloads: JSON costs nothing.
+    """
+
+    def __init__(self, app: Celery | None = None) -> None:
+        super().__init__(app)
+        self.mailbox.serializer = "json"
+
+
+app = Celery("agentjobs", control=JSONControl)
+app.config_from_object("celeryconfig")
 
 
 @after_setup_logger.connect  # type: ignore[untyped-decorator]

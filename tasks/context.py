@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import redis
 
+from tasks.app import app
 from tasks.deadletter import DeadLetterStore
 from tasks.keys import Keys
 from tasks.leases import LeaseKeeper
@@ -50,4 +51,5 @@ def build_context(settings: Settings) -> JobContext:
 
 @functools.cache
 def job_context() -> JobContext:
-    return build_context(load_settings())
+    # celeryconfig.py's AGENTS, as the app loaded it, is the registry AGENTJOBS_AGENTS extends.
+    return build_context(load_settings(registry=app.conf.get("AGENTS")))

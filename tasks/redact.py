@@ -3,33 +3,20 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
+
+from tasks.settings import secret_values
 
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
 _KEYISH = re.compile(
     r"\b(?:sk-(?:ant-|proj-)?[A-Za-z0-9_-]{8,}|(?:Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{8,})"
 )
-_SECRET_ENV = re.compile(r"(?:API_KEY|_TOKEN|_SECRET|PASSWORD)$")
-_MIN_SECRET_LEN = 8
-
-
-def _environment_secrets() -> list[str]:
-    return sorted(
-        (
-            value
-            for name, value in os.environ.items()
-            if _SECRET_ENV.search(name) and len(value) >= _MIN_SECRET_LEN
-        ),
-        key=len,
-        reverse=True,
-    )
 
 
 def redact(text: str) -> str:
     """`text` with URLs, key-shaped tokens and the values of secret environment variables
     replaced by placeholders."""
-    for secret in _environment_secrets():
+    for secret in secret_values():
         text = text.replace(secret, "[redacted-secret]")
     text = _URL.sub("[redacted-url]", text)
     return _KEYISH.sub("[redacted-key]", text)

@@ -1,9 +1,16 @@
-"""Agents by name: celeryconfig AGENTS plus AGENTJOBS_AGENTS, each "module:factory"."""
+"""Agents by name: celeryconfig AGENTS plus AGENTJOBS_AGENTS, each "module:factory".
+
+A factory's module imports from the worker's working directory, as the module of `celery -A`
+does: `celery -A tasks worker` run in a project directory finds `myapp.agents` there without
+PYTHONPATH.
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib
+import os
+import sys
 from collections.abc import Callable, Mapping
 
 from agent import Agent
@@ -13,12 +20,22 @@ from tasks.errors import UnknownAgent
 @functools.lru_cache(maxsize=256)
 def _resolve(target: str) -> Callable[[], object]:
     module_name, _, attribute = target.partition(":")
+    _import_from_working_directory()
     factory = importlib.import_module(module_name)
     for part in attribute.split("."):
         factory = getattr(factory, part)
     if not callable(factory):
         raise TypeError(f"{target} is not callable")
     return factory
+
+
+def _import_from_working_directory() -> None:
+    # Celery puts the working directory on sys.path only while it imports the -A module; keep
+    # it there (first, as `python -m` does) for the factories, which import later.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
 
 
 def build_agent(name: str, agents: Mapping[str, str]) -> Agent:

@@ -1,17 +1,41 @@
-"""Settings: environment variables first, then celeryconfig.py, then the defaults below."""
+"""Settings: the one reader of the job system's configuration.
+
+Every process (workers, the pump, clients, the CLI) builds one `Settings` from its environment;
+celeryconfig.py takes Celery's values from it, and a worker's agent factories take the model
+provider from it (tasks/providers.py). Each value is checked here, and a bad one is refused with
+an error that names its environment variable. The variables, their defaults and meanings are
+listed in README.md ("Settings"). celeryconfig.py's `AGENTS` dict is input, not a source of
+settings: it is passed in as `registry`, and AGENTJOBS_AGENTS adds to it and wins.
+
+API keys are held with repr=False, and no error quotes a key or a URL (URLs may embed
+credentials).
+"""
 
 from __future__ import annotations
 
-import importlib
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from urllib.parse import urlsplit
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+PROVIDERS = ("scripted", "openai", "anthropic")
+# Redis Cluster has 16384 hash slots: more index shards than that cannot spread further.
+MAX_INDEX_SHARDS = 16384
+
+_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_QUEUE = re.compile(r"[^\s,]+")
+# Environment variables whose values redact() removes from stored and logged text.
+_SECRET_NAME = re.compile(r"(?:API_KEY|_TOKEN|_SECRET|PASSWORD)$")
+_MIN_SECRET_LEN = 8
 
 
 class SettingsError(ValueError):
+    """A setting with a value the job system cannot use; the message names the variable."""
+
     code = "ERR_SETTINGS"
 
 
@@ -25,32 +49,95 @@ class Settings:
     backoff_base_s: float = 2.0
     backoff_max_s: float = 300.0
     max_deliveries: int = 3
-    lease_ttl_s: float = 30.0
+    # A dead worker's turn resumes once its lease runs out; the running worker renews it well
+    # before that, so a short lease is cheap and recovery is fast.
+    lease_ttl_s: float = 10.0
     pump_interval_s: float = 0.5
     # A queued turn at the head of its conversation that no worker started for this long is
     # woken again (its message was lost with a dead worker or a failed publish).
-    stall_after_s: float = 60.0
+    stall_after_s: float = 10.0
     # How long after a turn ends the pump checks that its Celery result was stored.
     result_grace_s: float = 5.0
+    # Finished turn records, dead-letter replay markers and Celery results live this long.
     record_ttl_s: int = 7 * 24 * 3600
+    # The global Redis indices (due retries, running turns, ...) are split into this many
+    # shards, each conversation in one, so that a Redis Cluster spreads them.
     index_shards: int = 16
     turn_queue: str = "agentjobs.turns"
     retry_queue: str = "agentjobs.retry"
+    worker_concurrency: int = 32
     agents: Mapping[str, str] = field(default_factory=dict)
+    # The model provider of agents built from settings (tasks/providers.py).
+    provider: str = "scripted"
+    model: str = ""
+    provider_timeout_s: float = 60.0
+    openai_api_key: str = field(default="", repr=False)
+    openai_base_url: str | None = None
+    anthropic_api_key: str = field(default="", repr=False)
+    anthropic_base_url: str | None = None
 
 
-_NUMBERS: dict[str, tuple[str, type]] = {
-    "AGENTJOBS_MAX_ATTEMPTS": ("max_attempts", int),
-    "AGENTJOBS_BACKOFF_BASE_S": ("backoff_base_s", float),
-    "AGENTJOBS_BACKOFF_MAX_S": ("backoff_max_s", float),
-    "AGENTJOBS_MAX_DELIVERIES": ("max_deliveries", int),
-    "AGENTJOBS_LEASE_TTL_S": ("lease_ttl_s", float),
-    "AGENTJOBS_PUMP_INTERVAL_S": ("pump_interval_s", float),
-    "AGENTJOBS_STALL_AFTER_S": ("stall_after_s", float),
-    "AGENTJOBS_RECORD_TTL_S": ("record_ttl_s", int),
-    "AGENTJOBS_RESULT_GRACE_S": ("result_grace_s", float),
-    "AGENTJOBS_INDEX_SHARDS": ("index_shards", int),
-}
+def load_settings(
+    environ: Mapping[str, str] | None = None, *, registry: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from `environ` (default: the process environment) and nothing else.
+
+    `registry` is celeryconfig.py's AGENTS ({name: "module:factory"}); AGENTJOBS_AGENTS adds to
+    it and overrides it. Raises SettingsError naming the first variable with a bad value.
+    """
+    env = _Environment(os.environ if environ is None else environ)
+    redis_url = env.url("REDIS_URL", DEFAULT_REDIS_URL, schemes=("redis", "rediss", "unix"))
+    key_prefix = env.matching("AGENTJOBS_KEY_PREFIX", Settings.key_prefix, _PREFIX, "a key prefix")
+    agents = dict(registry or {})
+    agents.update(parse_agents(env.text("AGENTJOBS_AGENTS", "")))
+    settings = Settings(
+        redis_url=redis_url,
+        broker_url=env.url("CELERY_BROKER_URL", redis_url),
+        result_backend=env.url("CELERY_RESULT_BACKEND", redis_url),
+        key_prefix=key_prefix,
+        max_attempts=env.count("AGENTJOBS_MAX_ATTEMPTS", Settings.max_attempts),
+        backoff_base_s=env.seconds("AGENTJOBS_BACKOFF_BASE_S", Settings.backoff_base_s),
+        backoff_max_s=env.seconds("AGENTJOBS_BACKOFF_MAX_S", Settings.backoff_max_s),
+        max_deliveries=env.count("AGENTJOBS_MAX_DELIVERIES", Settings.max_deliveries),
+        lease_ttl_s=env.seconds("AGENTJOBS_LEASE_TTL_S", Settings.lease_ttl_s),
+        pump_interval_s=env.seconds("AGENTJOBS_PUMP_INTERVAL_S", Settings.pump_interval_s),
+        stall_after_s=env.seconds("AGENTJOBS_STALL_AFTER_S", Settings.stall_after_s),
+        result_grace_s=env.seconds("AGENTJOBS_RESULT_GRACE_S", Settings.result_grace_s),
+        record_ttl_s=env.whole_seconds("AGENTJOBS_RECORD_TTL_S", Settings.record_ttl_s),
+        index_shards=env.count(
+            "AGENTJOBS_INDEX_SHARDS", Settings.index_shards, maximum=MAX_INDEX_SHARDS
+        ),
+        turn_queue=env.matching(
+            "AGENTJOBS_TURN_QUEUE", f"{key_prefix}.turns", _QUEUE, "a queue name"
+        ),
+        retry_queue=env.matching(
+            "AGENTJOBS_RETRY_QUEUE", f"{key_prefix}.retry", _QUEUE, "a queue name"
+        ),
+        worker_concurrency=env.count("AGENTJOBS_WORKER_CONCURRENCY", Settings.worker_concurrency),
+        agents=MappingProxyType(agents),
+        provider=env.choice("AGENTJOBS_PROVIDER", Settings.provider, PROVIDERS),
+        model=env.text("AGENTJOBS_MODEL", ""),
+        provider_timeout_s=env.seconds("AGENTJOBS_PROVIDER_TIMEOUT_S", Settings.provider_timeout_s),
+        openai_api_key=env.api_key("OPENAI_API_KEY"),
+        openai_base_url=env.http_url("OPENAI_BASE_URL"),
+        anthropic_api_key=env.api_key("ANTHROPIC_API_KEY"),
+        anthropic_base_url=env.http_url("ANTHROPIC_BASE_URL"),
+    )
+    if settings.backoff_max_s < settings.backoff_base_s:
+        raise SettingsError(
+            "AGENTJOBS_BACKOFF_MAX_S must be at least AGENTJOBS_BACKOFF_BASE_S, "
+            f"got {settings.backoff_max_s:g} < {settings.backoff_base_s:g}"
+        )
+    if settings.turn_queue == settings.retry_queue:
+        raise SettingsError(
+            "AGENTJOBS_TURN_QUEUE and AGENTJOBS_RETRY_QUEUE must differ, "
+            f"both are {settings.turn_queue!r}"
+        )
+    if settings.provider != "scripted" and not settings.model:
+        raise SettingsError(
+            f"AGENTJOBS_MODEL must name the model when AGENTJOBS_PROVIDER={settings.provider}"
+        )
+    return settings
 
 
 def parse_agents(text: str, variable: str = "AGENTJOBS_AGENTS") -> dict[str, str]:
@@ -58,52 +145,111 @@ def parse_agents(text: str, variable: str = "AGENTJOBS_AGENTS") -> dict[str, str
     agents: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, target = item.partition("=")
-        if not sep or not name.strip() or ":" not in target:
-            raise SettingsError(f"{variable}: {item!r} is not name=module:factory")
+        module, colon, attribute = target.strip().partition(":")
+        if not sep or not name.strip() or not colon or not module or not attribute:
+            raise SettingsError(f"{variable} must list name=module:factory items, got {item!r}")
         agents[name.strip()] = target.strip()
     return agents
 
 
-def _config_module() -> Any:
-    name = os.environ.get("CELERY_CONFIG_MODULE", "celeryconfig")
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        return None
-
-
-def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The values of secret-looking environment variables (API keys, tokens, passwords),
+    longest first: tasks/redact.py replaces them wherever they would be stored or logged."""
     env = os.environ if environ is None else environ
-    config = _config_module()
-    values: dict[str, Any] = {}
-    redis_url = env.get("REDIS_URL") or getattr(config, "REDIS_URL", None) or DEFAULT_REDIS_URL
-    values["redis_url"] = redis_url
-    values["broker_url"] = env.get("CELERY_BROKER_URL") or redis_url
-    values["result_backend"] = env.get("CELERY_RESULT_BACKEND") or redis_url
-    values["key_prefix"] = env.get("AGENTJOBS_KEY_PREFIX") or getattr(
-        config, "AGENTJOBS_KEY_PREFIX", "agentjobs"
-    )
-    for variable, (attr, kind) in _NUMBERS.items():
-        raw = env.get(variable)
-        if raw is None:
-            raw = getattr(config, variable, None)
-        if raw is None:
-            continue
+    values = {
+        value
+        for name, value in env.items()
+        if _SECRET_NAME.search(name) and len(value) >= _MIN_SECRET_LEN
+    }
+    return sorted(values, key=len, reverse=True)
+
+
+class _Environment:
+    """Typed reads of one environment mapping. A blank value counts as unset."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+
+    def raw(self, variable: str) -> str | None:
+        value = self._environ.get(variable)
+        return value.strip() if value is not None and value.strip() else None
+
+    def text(self, variable: str, default: str) -> str:
+        return self.raw(variable) or default
+
+    def matching(self, variable: str, default: str, pattern: re.Pattern[str], what: str) -> str:
+        value = self.raw(variable)
+        if value is None:
+            return default
+        if not pattern.fullmatch(value):
+            raise SettingsError(f"{variable} must be {what} ({pattern.pattern}), got {value!r}")
+        return value
+
+    def choice(self, variable: str, default: str, choices: tuple[str, ...]) -> str:
+        value = (self.raw(variable) or default).lower()
+        if value not in choices:
+            raise SettingsError(
+                f"{variable} must be one of {', '.join(choices)}, got {self.raw(variable)!r}"
+            )
+        return value
+
+    def seconds(self, variable: str, default: float) -> float:
+        value = self.raw(variable)
+        if value is None:
+            return default
         try:
-            number = kind(raw)
-        except (TypeError, ValueError):
-            raise SettingsError(f"{variable}={raw!r} is not a {kind.__name__}") from None
-        if number <= 0:
-            raise SettingsError(f"{variable} must be greater than 0, got {raw!r}")
-        values[attr] = number
-    agents = dict(getattr(config, "AGENTS", {}) or {})
-    agents.update(parse_agents(env.get("AGENTJOBS_AGENTS", "")))
-    values["agents"] = agents
-    values["turn_queue"] = env.get("AGENTJOBS_TURN_QUEUE") or Settings.turn_queue
-    values["retry_queue"] = env.get("AGENTJOBS_RETRY_QUEUE") or Settings.retry_queue
-    settings = Settings(**values)
-    if settings.backoff_max_s < settings.backoff_base_s:
-        raise SettingsError("AGENTJOBS_BACKOFF_MAX_S must be at least AGENTJOBS_BACKOFF_BASE_S")
-    return settings
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or number <= 0:
+            raise SettingsError(f"{variable} must be a number of seconds > 0, got {value!r}")
+        return number
+
+    def whole_seconds(self, variable: str, default: int) -> int:
+        value = self.raw(variable)
+        if value is None:
+            return default
+        if not value.isdigit() or int(value) <= 0:
+            raise SettingsError(f"{variable} must be a whole number of seconds > 0, got {value!r}")
+        return int(value)
+
+    def count(self, variable: str, default: int, *, maximum: int | None = None) -> int:
+        value = self.raw(variable)
+        if value is None:
+            return default
+        number = int(value) if value.isdigit() else 0
+        if number < 1 or (maximum is not None and number > maximum):
+            limit = f" and <= {maximum}" if maximum is not None else ""
+            raise SettingsError(f"{variable} must be a whole number >= 1{limit}, got {value!r}")
+        return number
+
+    def url(self, variable: str, default: str, *, schemes: tuple[str, ...] = ()) -> str:
+        value = self.raw(variable)
+        if value is None:
+            return default
+        # Never quoted: a broker or Redis URL may carry a password.
+        scheme = urlsplit(value).scheme
+        if not scheme or "://" not in value or (schemes and scheme not in schemes):
+            kinds = " or ".join(f"{s}://" for s in schemes) if schemes else "scheme://"
+            raise SettingsError(f"{variable} must be a {kinds} URL (value not shown)")
+        return value
+
+    def http_url(self, variable: str) -> str | None:
+        value = self.raw(variable)
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise SettingsError(f"{variable} must be an http:// or https:// URL (value not shown)")
+        return value.rstrip("/")
+
+    def api_key(self, variable: str) -> str:
+        value = self.raw(variable)
+        if value is None:
+            return ""
+        # A header value must be visible ASCII; never quoted.
+        if not value.isascii() or not value.isprintable() or any(c.isspace() for c in value):
+            raise SettingsError(
+                f"{variable} contains characters that cannot go in an HTTP header (value not shown)"
+            )
+        return value

@@ -57,7 +57,6 @@ PINNED_ALL = [
     "folded_messages",
     "folded_span_for",
     "is_compacted_summary",
-    "provider_from_env",
     "tool",
     "validate_checkpoint",
 ]

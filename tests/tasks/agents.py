@@ -1,4 +1,4 @@
-"""Agent factories the test workers load by name (AGENTJOBS_AGENTS in harness.job_env)."""
+"""Agent factories the test workers load by name (TEST_AGENTS in tests/tasks/conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from agent import (
     ToolCall,
     tool,
 )
-from tasks.demo_agents import _SlowAwareProvider, lookup_order
+from tasks.demo.agents import _SlowAwareProvider, lookup_order
 
 
 def _directive_agent(agent_id: str) -> Agent:

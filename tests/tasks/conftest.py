@@ -12,13 +12,30 @@ from typing import Any
 import pytest
 import redis
 
-from tests.tasks.harness import (
-    Process,
-    RedisServer,
-    job_env,
-    start_pump,
-    start_worker,
-)
+from tasks import testing
+from tasks.testing import Process, RedisServer, start_pump, start_worker
+
+# The agents the test workers load by name (tests/tasks/agents.py, and the demo's).
+TEST_AGENTS = {
+    "demo": "tasks.demo.agents:build_demo_agent",
+    "billing": "tests.tasks.agents:build_billing_agent",
+    "support": "tests.tasks.agents:build_support_agent",
+    "crasher": "tests.tasks.agents:build_crasher_agent",
+    "leaky": "tests.tasks.agents:build_leaky_agent",
+    "broken": "tests.tasks.agents:build_nothing",
+}
+
+
+def job_env(redis_url: str, **overrides: str) -> dict[str, str]:
+    """The environment every process of one test shares: fast timings, the test agents."""
+    fast = {
+        "AGENTJOBS_BACKOFF_BASE_S": "0.2",
+        "AGENTJOBS_BACKOFF_MAX_S": "5",
+        "AGENTJOBS_LEASE_TTL_S": "3",
+        "AGENTJOBS_PUMP_INTERVAL_S": "0.1",
+        "AGENTJOBS_STALL_AFTER_S": "3",
+    }
+    return testing.job_env(redis_url, TEST_AGENTS, **{**fast, **overrides})
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +59,8 @@ class Jobs:
     logdir: Path
     processes: list[Process] = field(default_factory=list)
 
-    def worker(self, **options: Any) -> Process:
-        process = start_worker(self.env, self.logdir, **options)
+    def worker(self, env: dict[str, str] | None = None, **options: Any) -> Process:
+        process = start_worker({**self.env, **(env or {})}, self.logdir, **options)
         self.processes.append(process)
         return process
 

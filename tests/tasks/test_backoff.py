@@ -14,7 +14,7 @@ from tasks import run_turn
 from tasks.context import job_context
 from tasks.records import TurnRecord
 from tasks.retry import backoff_delay_s
-from tests.tasks.harness import wait_until
+from tasks.testing import wait_until
 
 # -- the policy (pure) ---------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from agent import AgentRunCheckpoint
 from tasks import TurnDeadLettered, load_conversation, run_turn
 from tasks.context import job_context
 from tasks.store import envelope_bytes, namespace_for
-from tests.tasks.harness import wait_until
+from tasks.testing import wait_until
 
 
 def dead_letter_of(result: Any) -> TurnDeadLettered:

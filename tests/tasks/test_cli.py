@@ -1,5 +1,6 @@
 """The agentjobs command against a real job system: dead letters listed, shown, replayed (once)
-and purged; a turn's state readable; task events reaching an event consumer as Flower's do."""
+and purged; a turn's state readable; task events, once enabled, reaching an event consumer as
+Flower's do."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 from tasks import TurnDeadLettered, app, load_conversation, run_turn
 from tasks.cli import main, parse_duration_s
 from tasks.context import job_context
-from tests.tasks.harness import wait_until
+from tasks.testing import wait_until
 
 
 def cli(*args: str) -> str:
@@ -138,7 +139,7 @@ def test_turn_show_follows_a_turn_through_its_states(make_jobs: Any) -> None:
     assert "succeeded" in cli("turn", "show", result.id)
 
 
-def test_task_events_reach_an_event_consumer_like_flower(jobs: Any) -> None:
+def test_task_events_reach_an_event_consumer_once_enabled_like_flower(jobs: Any) -> None:
     seen: list[dict[str, Any]] = []
     ready = threading.Event()
     receivers: list[Any] = []
@@ -150,16 +151,23 @@ def test_task_events_reach_an_event_consumer_like_flower(jobs: Any) -> None:
             ready.set()
             receiver.capture(limit=None, timeout=10, wakeup=True)
 
+    def succeeded(task_id: str) -> bool:
+        return any(e.get("type") == "task-succeeded" and e.get("uuid") == task_id for e in seen)
+
     thread = threading.Thread(target=consume, daemon=True)
     thread.start()
     ready.wait(5)
     time.sleep(0.5)
+    # Task events are off by default (they cost throughput) ...
+    quiet = run_turn.delay(agent="demo", conversation_id="ev", message="quiet")
+    quiet.get(timeout=30)
+    # ... and on once a monitor asks, as Flower does when it connects (or
+    # `celery -A tasks control enable_events`)
+    replies = app.control.enable_events(reply=True, timeout=2)
+    assert [reply for r in replies for reply in r.values()] == [{"ok": "task events enabled"}]
     result = run_turn.delay(agent="demo", conversation_id="ev", message="events")
     result.get(timeout=30)
-    wait_until(
-        lambda: any(e.get("type") == "task-succeeded" and e.get("uuid") == result.id for e in seen),
-        10,
-        "a task-succeeded event",
-    )
+    wait_until(lambda: succeeded(result.id), 10, "a task-succeeded event")
+    assert not succeeded(quiet.id)
     receivers[0].should_stop = True
     thread.join(timeout=15)

@@ -20,7 +20,7 @@ import pytest
 from tasks import load_conversation, run_turn
 from tasks.context import job_context
 from tasks.records import TurnRecord
-from tests.tasks.harness import children_of, wait_until
+from tasks.testing import children_of, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from celery.result import AsyncResult
 
 from tasks import TurnDeadLettered, app, load_conversation, run_turn
 from tasks.context import job_context
-from tests.tasks.harness import wait_until
+from tasks.testing import wait_until
 
 
 def outcome(result: AsyncResult, timeout_s: float = 60) -> tuple[str, Any]:

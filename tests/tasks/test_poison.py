@@ -11,7 +11,7 @@ import pytest
 
 from tasks import Reason, TurnDeadLettered, run_turn
 from tasks.context import job_context
-from tests.tasks.harness import children_of
+from tasks.testing import children_of
 
 pytestmark = pytest.mark.integration
 

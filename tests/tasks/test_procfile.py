@@ -1,58 +1,43 @@
-"""The Procfile as a deployment runs it: each line as written, with only REDIS_URL set."""
+"""The Procfile as a deployment runs it: each line as written, with only REDIS_URL and the
+agent registry set."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from tasks import load_conversation, run_turn
-from tests.tasks.harness import ROOT, wait_until
-
-READY = {"worker": "ready.", "pump": "pump started"}
-
-
-def procfile() -> dict[str, str]:
-    lines = (ROOT / "Procfile").read_text().splitlines()
-    return {
-        name.strip(): command.strip()
-        for name, _, command in (line.partition(":") for line in lines if line.strip())
-    }
+from tasks.testing import READY, Process, procfile_commands, start_process
 
 
 def test_every_procfile_line_runs_with_only_redis_url(make_jobs: Any, tmp_path: Path) -> None:
     jobs = make_jobs()
-    commands = procfile()
-    assert set(commands) == set(READY), "a new Procfile process needs a readiness check here"
+    commands = procfile_commands()
+    assert set(commands) == set(READY), "a new Procfile process needs a readiness check"
     env = {
         "REDIS_URL": jobs.env["REDIS_URL"],
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin",
+        "AGENTJOBS_AGENTS": "demo=tasks.demo.agents:build_demo_agent",
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
         "HOME": str(tmp_path),
     }
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[Process] = []
     try:
         for name, command in commands.items():
-            log = tmp_path / f"{name}.log"
             started.append(
-                subprocess.Popen(
-                    command,
-                    shell=True,
-                    env=env,
-                    cwd=tmp_path,
-                    stdout=log.open("wb"),
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                start_process(name, command, env, tmp_path, ready=READY[name], cwd=tmp_path)
             )
-            wait_until(lambda log=log, name=name: READY[name] in log.read_text(), 60, name)
+        banner = started[0].log()
+        # The worker consumes both queues without -Q, with the default concurrency.
+        for queue in ("agentjobs.turns", "agentjobs.retry"):
+            assert re.search(rf"\.> {queue}\s+exchange={queue}\(direct\)", banner), banner
+        assert "concurrency: 32 (thread)" in banner
         reply = run_turn.delay(agent="demo", conversation_id="proc", message="hi fail:503x1")
-        assert reply.get(timeout=30)["attempts"] == 2, "the retry needs the pump"
+        assert reply.get(timeout=30)["attempts"] == 2, (
+            "the retry needs the pump and the retry queue"
+        )
         assert load_conversation("proc") is not None
     finally:
         for process in started:
-            os.killpg(process.pid, signal.SIGTERM)
-        for process in started:
-            process.wait(timeout=20)
+            process.stop()

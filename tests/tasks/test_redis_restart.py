@@ -9,7 +9,7 @@ import pytest
 
 from tasks import load_conversation, run_turn
 from tasks.context import job_context
-from tests.tasks.harness import RedisServer, wait_until
+from tasks.testing import RedisServer, wait_until
 
 
 @pytest.mark.parametrize("pool", ["threads", "prefork"])

@@ -13,7 +13,7 @@ from kombu import Connection, Exchange, Producer, Queue
 
 from tasks import TurnDeadLettered, app, run_turn
 from tasks.redact import redact
-from tests.tasks.harness import redis_blob, wait_until
+from tasks.testing import redis_blob, wait_until
 
 SECRET_KEY = "sk-test-7hHq2Ly0rVb9SECRETSECRET"
 SECRET_URL = "https://gateway.internal.example/v1/chat"

@@ -14,8 +14,8 @@ from tasks import TurnDeadLettered, run_turn
 from tasks.context import job_context
 from tasks.keys import Keys
 from tasks.records import TurnRecords
+from tasks.testing import RedisServer
 from tests.agent.support import wire_checkpoint
-from tests.tasks.harness import RedisServer
 
 pytestmark = pytest.mark.integration
 

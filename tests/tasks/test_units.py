@@ -1,4 +1,4 @@
-"""Pure parts of the job system: settings, payload checks, envelopes, namespaces."""
+"""Pure parts of the job system: payloads, envelopes, namespaces (settings: test_settings.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from agent import AgentRunCheckpoint, CheckpointFormatError
 from tasks.errors import BadPayload, TurnDeadLettered, UnreadableConversation
 from tasks.payload import parse_payload, registration_of
-from tasks.settings import SettingsError, load_settings, parse_agents
 from tasks.store import envelope_bytes, namespace_for, read_envelope
 
 CHECKPOINT = {
@@ -21,25 +20,6 @@ CHECKPOINT = {
     "originalInput": {"message": "hi"},
     "futureKey": {"kept": True},
 }
-
-
-def test_redis_url_alone_configures_everything() -> None:
-    settings = load_settings({"REDIS_URL": "redis://h:1/2"})
-    assert settings.redis_url == settings.broker_url == settings.result_backend == "redis://h:1/2"
-    assert settings.max_attempts == 5 and settings.backoff_base_s == 2.0
-    assert settings.agents["demo"] == "tasks.demo_agents:build_demo_agent"
-
-
-def test_settings_are_read_and_refused_by_name() -> None:
-    settings = load_settings({"AGENTJOBS_MAX_ATTEMPTS": "7", "AGENTJOBS_AGENTS": "a=m:f, b = n:g"})
-    assert settings.max_attempts == 7
-    assert settings.agents["a"] == "m:f" and settings.agents["b"] == "n:g"
-    with pytest.raises(SettingsError, match="AGENTJOBS_MAX_ATTEMPTS"):
-        load_settings({"AGENTJOBS_MAX_ATTEMPTS": "many"})
-    with pytest.raises(SettingsError, match="AGENTJOBS_LEASE_TTL_S"):
-        load_settings({"AGENTJOBS_LEASE_TTL_S": "0"})
-    with pytest.raises(SettingsError, match="AGENTJOBS_AGENTS"):
-        parse_agents("justaname")
 
 
 def test_payload_fills_the_identity_and_names_the_namespace() -> None:

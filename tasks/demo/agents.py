@@ -1,5 +1,7 @@
 """The demo agent: a scripted model steered by directives in the user message, so the demo and
-the integration tests can ask for failures from outside the worker.
+the integration tests can ask for failures from outside the worker. Not in the production
+registry: the demo registers it in its own worker's environment (AGENTJOBS_AGENTS), and so do
+the tests.
 
 Directives (words in the message):
   fail:503x2      the first 2 model calls of this turn fail with HTTP 503 (resumable)
@@ -30,8 +32,8 @@ from agent import (
     fnv1a,
     tool,
 )
-from agent.providers.env import provider_from_env
 from tasks.context import job_context
+from tasks.providers import provider_from_settings
 
 _DIRECTIVE = re.compile(r"\b(fail|rounds|slow|think):([0-9A-Za-z.@]+)")
 
@@ -148,7 +150,7 @@ class _SlowAwareProvider(DirectiveProvider):
 def _provider() -> LLMProvider:
     # One provider per worker process, shared by every turn's Agent: its HTTP client keeps its
     # connections across turns (providers are thread-safe; an Agent runs one turn at a time).
-    return provider_from_env() or _SlowAwareProvider()
+    return provider_from_settings(job_context().settings) or _SlowAwareProvider()
 
 
 def build_demo_agent() -> Agent:

@@ -1,0 +1,156 @@
+"""The demo (`agentjobs demo`): the Procfile's processes on Redis, three turns, the dead
+letters. One turn succeeds, one fails twice with HTTP 503 and recovers after a visible backoff,
+one gets a 401 and is dead-lettered. Stops everything it started.
+
+Its agent (tasks/demo/agents.py) is registered in the environment the demo gives its own
+processes, never in the production registry; its keys, queues and results live under a key
+prefix of its own, and on a shared Redis it removes them afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEMO_AGENT = "tasks.demo.agents:build_demo_agent"
+TURNS = [
+    ("ok", "c-ok", "Where is my order A-17? rounds:2 think:0.3"),
+    ("flaky", "c-flaky", "Where is my order B-2? rounds:1 think:0.3 fail:503x2"),
+    ("denied", "c-auth", "Refund my order C-3. think:0.3 fail:401"),
+]
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+# Model provider settings the demo's worker keeps from this environment: with them the demo
+# agent talks to a real model (README.md, "Model provider").
+PROVIDER_VARIABLES = ("AGENTJOBS_PROVIDER", "AGENTJOBS_MODEL", "AGENTJOBS_PROVIDER_TIMEOUT_S")
+
+
+def demo_env(redis_url: str) -> dict[str, str]:
+    """The environment of the demo's processes: its agent, its key prefix, quick timings."""
+    from tasks.testing import job_env
+
+    provider = {k: v for k, v in os.environ.items() if k in PROVIDER_VARIABLES}
+    return job_env(
+        redis_url,
+        {"demo": DEMO_AGENT},
+        AGENTJOBS_KEY_PREFIX=f"agentjobs-demo-{os.getpid()}",
+        AGENTJOBS_BACKOFF_BASE_S="1",
+        AGENTJOBS_PUMP_INTERVAL_S="0.2",
+        AGENTJOBS_WORKER_CONCURRENCY="8",
+        **provider,
+    )
+
+
+def follow(turns: dict[str, Any], timeout_s: float = 40) -> None:
+    from tasks.cli import describe_state
+    from tasks.context import job_context
+
+    records = job_context().records
+    seen: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        finished = 0
+        for label, result in turns.items():
+            record = records.get(result.id)
+            state = describe_state(record.as_dict()) if record else "submitted"
+            if seen.get(label) != state:
+                seen[label] = state
+                say(f"{label:7} {state}")
+            if record and record.state in ("succeeded", "dead_lettered"):
+                finished += 1
+        if finished == len(turns):
+            return
+        time.sleep(0.05)
+
+
+def remove_demo_keys(client: Any, prefix: str) -> int:
+    """Leave a shared Redis as the demo found it: its keys, queues, exchanges and results all
+    carry its prefix."""
+    keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
+    return int(client.delete(*keys)) if keys else 0
+
+
+def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
+    from tasks.testing import READY, Process, procfile_commands, start_process, wait_until
+
+    env = demo_env(redis_url)
+    # This process is the demo's client: same settings as its processes.
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS_"))})
+    from tasks import TurnDeadLettered, app, load_conversation, run_turn
+    from tasks.cli import print_dead_letters
+    from tasks.context import job_context
+
+    processes: list[Process] = []
+    try:
+        for name, command in procfile_commands().items():
+            try:
+                processes.append(start_process(name, command, env, workdir, ready=READY[name]))
+            except RuntimeError as exc:
+                say(f"{name} did not start: {exc}")
+                return 1
+            say(f"started {name} (pid {processes[-1].pid}): {command}")
+        wait_until(lambda: app.control.ping(timeout=0.5), 30, "the worker to answer a ping")
+        say("worker ready; submitting three turns")
+        turns = {
+            label: run_turn.delay(agent="demo", conversation_id=cid, message=message)
+            for label, cid, message in TURNS
+        }
+        follow(turns)
+        for label, result in turns.items():
+            try:
+                reply = result.get(timeout=30)
+                say(f"{label:7} result: {reply['content']!r} after {reply['attempts']} attempt(s)")
+            except TurnDeadLettered as exc:
+                say(f"{label:7} dead-lettered: {exc.entry_id} ({exc.reason})")
+        conversation = load_conversation("c-flaky")
+        if conversation is not None:
+            say(f"stored conversation c-flaky: {len(conversation.history)} messages")
+        say("dead-letter store (agentjobs dlq list):")
+        print_dead_letters(job_context().dead_letters.list_entries())
+        return 0
+    finally:
+        for process in processes:
+            process.stop()
+        say("stopped the worker and the pump")
+        if shared:
+            removed = remove_demo_keys(job_context().redis, env["AGENTJOBS_KEY_PREFIX"])
+            say(f"removed the demo's {removed} keys from the shared Redis")
+
+
+def main() -> int:
+    import redis
+
+    from tasks.settings import load_settings
+    from tasks.testing import RedisServer, redis_answers
+
+    with tempfile.TemporaryDirectory(prefix="agentjobs-demo-") as tmp:
+        workdir = Path(tmp)
+        configured = load_settings().redis_url
+        if redis_answers(redis.Redis.from_url(configured, socket_timeout=1)):
+            say("using the configured Redis (REDIS_URL); the demo's keys and queues are prefixed")
+            return run_demo(configured, workdir, shared=True)
+        if not RedisServer.available():
+            say(
+                "no Redis answers at REDIS_URL (default 127.0.0.1:6379): set it, or install "
+                "redis-server (Debian/Ubuntu: apt-get install redis-server; macOS: brew install "
+                "redis) and the demo starts a private one"
+            )
+            return 1
+        server = RedisServer(workdir / "redis").start()
+        say(f"started a private redis-server on port {server.port}")
+        try:
+            return run_demo(server.url, workdir, shared=False)
+        finally:
+            server.stop()
+            say("stopped the private redis-server")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
