@@ -1,5 +1,5 @@
 """Shared test helpers: the reference runtime's compatibility files, vendored under
-tests/fixtures/ (written by agentfootprint 9.62; see tests/fixtures/agentfootprint-9.62/README.md)."""
+tests/fixtures/ (written by agentfootprint 9.62; see the README.md in that folder)."""
 
 from __future__ import annotations
 
