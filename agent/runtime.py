@@ -31,6 +31,7 @@ from agent.errors import (
 )
 from agent.folding import Compaction
 from agent.identity import normalize_identity
+from agent.jsnumbers import js_json, plain_json
 from agent.messages import (
     LLMProvider,
     LLMRequest,
@@ -44,12 +45,16 @@ from agent.messages import (
     user_message,
 )
 from agent.middleware import InputMiddleware, run_input_chain
+from agent.repeated_calls import RepeatedCalls
 from agent.skills import SkillGraph
-from agent.tools import Tool, ToolContext, tool_result_text
+from agent.tools import Tool, ToolContext, tool_result_text, unknown_tool_text
 
 DEFAULT_AGENT_ID = "agent"
 DEFAULT_MAX_ITERATIONS = 10
 MAX_MESSAGE_UTF16_UNITS = 1_000_000
+
+StopReason = Literal["answer", "max_iterations"]
+
 
 ProgressHook = Callable[[AgentRunCheckpoint], object]
 EvidenceCheck = Callable[[str, Sequence[Message]], "str | None"]
@@ -82,7 +87,7 @@ class AgentResult:
     iterations: int
     # The conversation after this turn, as agent.checkpoint() returns it.
     checkpoint: AgentRunCheckpoint
-    stop_reason: Literal["answer", "max_iterations"] = "answer"
+    stop_reason: StopReason = "answer"
     usage: Mapping[str, int] = field(default_factory=dict)
     middleware_decisions: tuple[Mapping[str, Any], ...] = ()
 
@@ -150,6 +155,8 @@ class _Run:
     finished: bool = False
     usage: dict[str, int] = field(default_factory=dict)
     decisions: tuple[Mapping[str, Any], ...] = ()
+    # Identical-call landings of this run: the count restarts with every run (p02).
+    repeats: RepeatedCalls = field(default_factory=RepeatedCalls)
 
 
 class Agent:
@@ -191,7 +198,8 @@ class Agent:
         self.system = system
         self.tools: tuple[Tool, ...] = tuple(tools)
         self._tools_by_name = {t.name: t for t in self.tools}
-        self._tool_specs = [t.spec() for t in self.tools]
+        # Schemas are user data written into every request: numbers as the reference writes them.
+        self._tool_specs: list[dict[str, Any]] = [js_json(t.spec()) for t in self.tools]
         self.id = id if id is not None else DEFAULT_AGENT_ID
         self.named = id is not None
         ok = isinstance(max_iterations, int) and not isinstance(max_iterations, bool)
@@ -456,23 +464,11 @@ class Agent:
             middleware_decisions=state.decisions,
         )
 
-    def _loop(
-        self, state: _Run, on_progress: ProgressHook | None
-    ) -> tuple[str, Literal["answer", "max_iterations"]]:
+    def _loop(self, state: _Run, on_progress: ProgressHook | None) -> tuple[str, StopReason]:
         for iteration in range(1, self.max_iterations + 1):
             state.iteration = iteration
             self._maybe_fold(state, on_progress)
-            state.bracket = ("llm", "call-llm")
-            response = self.provider.complete(self._request(state))
-            if not isinstance(response, LLMResponse):
-                raise TypeError(
-                    f"provider {getattr(self.provider, 'name', '?')} returned "
-                    f"{type(response).__name__}, not an LLMResponse"
-                )
-            state.bracket = None
-            _add_usage(state.usage, response.usage)
-            if state.pending_instruction is not None:
-                state.pending_instruction = None  # the request that carried it completed
+            response = self._call_model(state)
             if response.tool_calls:
                 self._run_tools(state, response)
                 state.last_completed = iteration
@@ -485,31 +481,55 @@ class Agent:
             return response.content, "answer"
         return "", "max_iterations"
 
+    def _call_model(self, state: _Run) -> LLMResponse:
+        state.bracket = ("llm", "call-llm")
+        response = self.provider.complete(self._request(state))
+        if not isinstance(response, LLMResponse):
+            raise TypeError(
+                f"provider {getattr(self.provider, 'name', '?')} returned "
+                f"{type(response).__name__}, not an LLMResponse"
+            )
+        state.bracket = None
+        _add_usage(state.usage, response.usage)
+        if state.pending_instruction is not None:
+            state.pending_instruction = None  # the request that carried it completed
+        return response
+
     def _run_tools(self, state: _Run, response: LLMResponse) -> None:
-        history = [*state.history, assistant_message(response)]
-        for call in response.tool_calls:
-            found = self._tools_by_name.get(call.name)
-            state.bracket = ("tool", call.name or "tool")
-            if found is None:
-                content = f"Unknown tool '{call.name}'. Available: {sorted(self._tools_by_name)}"
-            else:
-                ctx = ToolContext(
-                    run_id=state.run_id,
-                    tool_call_id=call.id,
-                    turn_number=state.turn,
-                    identity=state.identity,
-                    clock=state.clock,
-                )
-                try:
-                    content = tool_result_text(found.call(call.args, ctx))
-                except ToolAbort:
-                    raise
-                except Exception as exc:
-                    # Reported to the model, which decides what to do next (fixture c1).
-                    content = unicode_text(str(exc) or type(exc).__name__)
+        message = assistant_message(response)
+        history = [*state.history, message]
+        for call in message["toolCalls"]:
+            name, call_id, args = call["name"], call["id"], call["args"]
+            state.bracket = ("tool", name or "tool")
+            content, ran = self._call_tool(state, name, call_id, args)
+            if ran:
+                content += state.repeats.note_for(name, args, content)
             state.bracket = None
-            history.append(tool_message(call.id, call.name, content))
+            history.append(tool_message(call_id, name, content))
         state.history = history
+
+    def _call_tool(
+        self, state: _Run, name: str, call_id: str, args: Mapping[str, Any]
+    ) -> tuple[str, bool]:
+        """The tool result text, and whether the tool ran (a call to an unknown tool did not)."""
+        found = self._tools_by_name.get(name)
+        if found is None:
+            return unknown_tool_text(name), False
+        ctx = ToolContext(
+            run_id=state.run_id,
+            tool_call_id=call_id,
+            turn_number=state.turn,
+            identity=state.identity,
+            clock=state.clock,
+        )
+        try:
+            return tool_result_text(found.call(plain_json(args), ctx)), True
+        except ToolAbort:
+            raise
+        except Exception as exc:
+            # Reported to the model, which decides what to do next (fixture c1); an empty
+            # message is an empty result, as the reference writes it.
+            return unicode_text(str(exc)), True
 
     def _needs_revision(self, state: _Run, answer: str) -> bool:
         if self.evidence_check is None or state.revision_spent:
@@ -558,7 +578,7 @@ class Agent:
     # -- writers ----------------------------------------------------------------------------
 
     def _report(self, state: _Run, on_progress: ProgressHook | None) -> None:
-        """Persist-then-proceed: the hook returns before the next tools run."""
+        """Persist-then-proceed: the hook returns before the loop goes on."""
         if on_progress is not None:
             on_progress(self._progress_checkpoint(state, failure=None))
 
@@ -641,4 +661,10 @@ def _add_usage(total: dict[str, int], usage: Mapping[str, Any] | None) -> None:
             total[key] = total.get(key, 0) + value
 
 
-__all__ = ["Agent", "AgentError", "AgentInput", "AgentResult", "normalize_input"]
+__all__ = [
+    "Agent",
+    "AgentError",
+    "AgentInput",
+    "AgentResult",
+    "normalize_input",
+]
