@@ -1,9 +1,13 @@
 """Agent: the doors (run, follow_up, resume_on_error, checkpoint) and the iteration loop.
 
 One run is one turn: seed the history, then model call -> tool calls -> next iteration until the
-model answers or `max_iterations` runs out. Everything a run changes lives in a `_Run` local to
-that call; the instance only holds the in-flight mark and the last run's committed state, so one
-Agent runs one turn at a time (RunInFlightError) and separate instances share nothing mutable.
+model answers. `max_iterations` is an action budget, as in the reference: when the model still
+asks for tools on the last allowed call, those calls do not run, the assistant message carrying
+them is not kept, the WRAP_UP_INSTRUCTION user message is appended (and kept), and one more
+call goes out with no tools offered; its reply is the turn's answer and it counts as an
+iteration (p01). Everything a run changes lives in a `_Run` local to that call; the instance
+only holds the in-flight mark and the last run's committed state, so one Agent runs one turn at
+a time (RunInFlightError) and separate instances share nothing mutable.
 """
 
 from __future__ import annotations
@@ -53,6 +57,13 @@ DEFAULT_AGENT_ID = "agent"
 DEFAULT_MAX_ITERATIONS = 10
 MAX_MESSAGE_UTF16_UNITS = 1_000_000
 
+# The user message a turn that ran out of its action budget gets, verbatim (p01).
+WRAP_UP_INSTRUCTION = (
+    "Your action budget for this turn is exhausted. Do not request tools. Give your best final "
+    "answer from what you have: what you completed, what remains undone, and anything the "
+    "person should know."
+)
+
 StopReason = Literal["answer", "max_iterations"]
 
 
@@ -87,6 +98,8 @@ class AgentResult:
     iterations: int
     # The conversation after this turn, as agent.checkpoint() returns it.
     checkpoint: AgentRunCheckpoint
+    # "max_iterations": the budget ran out while the model still asked for tools; `content` is
+    # then the wrap-up call's answer (or, for an agent without tools, that last reply's text).
     stop_reason: StopReason = "answer"
     usage: Mapping[str, int] = field(default_factory=dict)
     middleware_decisions: tuple[Mapping[str, Any], ...] = ()
@@ -465,13 +478,25 @@ class Agent:
         )
 
     def _loop(self, state: _Run, on_progress: ProgressHook | None) -> tuple[str, StopReason]:
-        for iteration in range(1, self.max_iterations + 1):
-            state.iteration = iteration
+        wrapping_up = False
+        while True:
+            state.iteration += 1
             self._maybe_fold(state, on_progress)
-            response = self._call_model(state)
+            response = self._call_model(state, offer_tools=not wrapping_up)
+            if wrapping_up:
+                # The wrap-up reply is the answer; tool calls it carries anyway do not run.
+                return response.content, "max_iterations"
             if response.tool_calls:
-                self._run_tools(state, response)
-                state.last_completed = iteration
+                if state.iteration < self.max_iterations:
+                    self._run_tools(state, response)
+                elif self._tool_specs:
+                    self._ask_for_wrap_up(state)
+                    wrapping_up = True
+                else:
+                    # No tools to withhold, so no wrap-up (the reference mounts it only on an
+                    # agent that can call tools): the turn is cut short with this reply's text.
+                    return response.content, "max_iterations"
+                state.last_completed = state.iteration
                 state.progress = list(state.history)
                 self._report(state, on_progress)
                 continue
@@ -479,11 +504,10 @@ class Agent:
                 self._report(state, on_progress)
                 continue
             return response.content, "answer"
-        return "", "max_iterations"
 
-    def _call_model(self, state: _Run) -> LLMResponse:
+    def _call_model(self, state: _Run, *, offer_tools: bool) -> LLMResponse:
         state.bracket = ("llm", "call-llm")
-        response = self.provider.complete(self._request(state))
+        response = self.provider.complete(self._request(state, offer_tools=offer_tools))
         if not isinstance(response, LLMResponse):
             raise TypeError(
                 f"provider {getattr(self.provider, 'name', '?')} returned "
@@ -494,6 +518,11 @@ class Agent:
         if state.pending_instruction is not None:
             state.pending_instruction = None  # the request that carried it completed
         return response
+
+    def _ask_for_wrap_up(self, state: _Run) -> None:
+        """The budget is spent and the model still wants tools: the calls do not run and the
+        message carrying them is not kept (its text would be a fragment); the ask is kept."""
+        state.history = [*state.history, user_message(WRAP_UP_INSTRUCTION)]
 
     def _run_tools(self, state: _Run, response: LLMResponse) -> None:
         message = assistant_message(response)
@@ -558,7 +587,7 @@ class Agent:
         state.progress = list(state.history)
         self._report(state, on_progress)
 
-    def _request(self, state: _Run) -> LLMRequest:
+    def _request(self, state: _Run, *, offer_tools: bool) -> LLMRequest:
         pieces = [self.system] if self.system else []
         if self.skills is not None and state.skill_cursor is not None:
             pieces.append(self.skills.instruction(state.skill_cursor))
@@ -569,7 +598,7 @@ class Agent:
         return LLMRequest(
             system_prompt="\n\n".join(pieces),
             messages=request_messages(state.history),
-            tools=self._tool_specs,
+            tools=self._tool_specs if offer_tools else [],
             model=self.model,
             run_id=state.run_id,
             iteration=state.iteration,
@@ -662,6 +691,7 @@ def _add_usage(total: dict[str, int], usage: Mapping[str, Any] | None) -> None:
 
 
 __all__ = [
+    "WRAP_UP_INSTRUCTION",
     "Agent",
     "AgentError",
     "AgentInput",
