@@ -31,7 +31,7 @@ from agent.providers.anthropic import AnthropicProvider
 from agent.providers.env import provider_from_env
 from agent.providers.openai import OpenAIChatProvider
 from agent.providers.scripted import ScriptedProvider, ScriptExhaustedError
-from agent.runtime import Agent, AgentInput, AgentResult
+from agent.runtime import Agent, AgentInput, AgentResult, ProgressKind, ProgressReport
 from agent.skills import SkillGraph
 from agent.tools import Tool, ToolContext, tool
 
@@ -54,6 +54,8 @@ __all__ = [
     "MessageDeniedError",
     "NoConversationError",
     "OpenAIChatProvider",
+    "ProgressKind",
+    "ProgressReport",
     "ProviderConnectionError",
     "ProviderError",
     "ProviderHTTPError",

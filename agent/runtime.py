@@ -8,6 +8,18 @@ call goes out with no tools offered; its reply is the turn's answer and it count
 iteration (p01). Everything a run changes lives in a `_Run` local to that call; the instance
 only holds the in-flight mark and the last run's committed state, so one Agent runs one turn at
 a time (RunInFlightError) and separate instances share nothing mutable.
+
+Durability hooks: `run`, `follow_up` and `resume_on_error` take `on_progress` (called with an
+AgentRunCheckpoint) and `on_report` (called with a ProgressReport: that checkpoint and the
+ProgressKind saying what moved). Both are called at the same points, one after the other
+(`on_progress` first), and return before the loop goes on (persist, then proceed):
+- `seeded`: the turn's history is seeded (after the input chain, before the first model call);
+- `round`: an iteration ended and the loop goes on: its tool results are in, or, with no tool
+  run, the budget's wrap-up message was appended or an evidence revision was asked for;
+- `folded`: compaction folded old messages into a summary.
+The checkpoint is the crash-checkpoint shape without failurePoint. If a hook raises, the run
+stops with RunCheckpointError (that error as its cause, the last progress as its checkpoint).
+`on_progress` is an adapter over `on_report`: one code path.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 from agent.checkpoint import AgentRunCheckpoint, checkpoint_from_any
@@ -67,7 +80,22 @@ WRAP_UP_INSTRUCTION = (
 StopReason = Literal["answer", "max_iterations"]
 
 
+class ProgressKind(StrEnum):
+    """What moved the conversation when a progress report was made (see the module doc)."""
+
+    SEEDED = "seeded"
+    ROUND = "round"
+    FOLDED = "folded"
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    kind: ProgressKind
+    checkpoint: AgentRunCheckpoint
+
+
 ProgressHook = Callable[[AgentRunCheckpoint], object]
+ReportHook = Callable[[ProgressReport], object]
 EvidenceCheck = Callable[[str, Sequence[Message]], "str | None"]
 
 _run_seq = itertools.count(1)
@@ -237,6 +265,7 @@ class Agent:
         identity: Mapping[str, Any] | None = None,
         time: Any = None,
         on_progress: ProgressHook | None = None,
+        on_report: ReportHook | None = None,
     ) -> AgentResult:
         """One turn. With `continue_from` it continues that conversation with a new user turn."""
         request = normalize_input(input)
@@ -261,7 +290,8 @@ class Agent:
                 turn = max(1, _count_users(history) + 1)
             state = self._new_run(run_id, request.message, history, caller, turn, stored, run_time)
             state.clock = self._clock_for(state, stored, run_time, resuming=False)
-            return self._execute(state, append_user=True, on_progress=on_progress)
+            reporter = _reporter(on_progress, on_report)
+            return self._execute(state, append_user=True, reporter=reporter)
         finally:
             self._release()
 
@@ -272,6 +302,7 @@ class Agent:
         identity: Mapping[str, Any] | None = None,
         time: Any = None,
         on_progress: ProgressHook | None = None,
+        on_report: ReportHook | None = None,
     ) -> AgentResult:
         """Continue this instance's last finished conversation with `message`."""
         with self._lock:
@@ -286,6 +317,7 @@ class Agent:
             identity=identity,
             time=time,
             on_progress=on_progress,
+            on_report=on_report,
         )
 
     def resume_on_error(
@@ -295,6 +327,7 @@ class Agent:
         identity: Mapping[str, Any] | None = None,
         time: Any = None,
         on_progress: ProgressHook | None = None,
+        on_report: ReportHook | None = None,
     ) -> AgentResult:
         """Re-run the failed turn of `checkpoint`: same history, same turn, nothing appended."""
         run_id = self._claim("resume_on_error")
@@ -316,7 +349,8 @@ class Agent:
                 pending = recovery.get("pending")
                 state.pending_instruction = pending["instruction"] if pending else None
             state.clock = self._clock_for(state, stored, run_time, resuming=True)
-            return self._execute(state, append_user=False, on_progress=on_progress)
+            reporter = _reporter(on_progress, on_report)
+            return self._execute(state, append_user=False, reporter=reporter)
         finally:
             self._release()
 
@@ -437,7 +471,7 @@ class Agent:
     # -- the loop ---------------------------------------------------------------------------
 
     def _execute(
-        self, state: _Run, *, append_user: bool, on_progress: ProgressHook | None
+        self, state: _Run, *, append_user: bool, reporter: ReportHook | None
     ) -> AgentResult:
         try:
             message, decisions = run_input_chain(
@@ -457,8 +491,8 @@ class Agent:
             state.skill_cursor = self.skills.route(message, state.skill_cursor)
         state.progress = list(state.history)
         try:
-            self._report(state, on_progress)
-            content, stop = self._loop(state, on_progress)
+            self._report(state, ProgressKind.SEEDED, reporter)
+            content, stop = self._loop(state, reporter)
         except Exception as exc:
             self._commit(state)
             if isinstance(exc, MessageDeniedError):
@@ -477,11 +511,11 @@ class Agent:
             middleware_decisions=state.decisions,
         )
 
-    def _loop(self, state: _Run, on_progress: ProgressHook | None) -> tuple[str, StopReason]:
+    def _loop(self, state: _Run, reporter: ReportHook | None) -> tuple[str, StopReason]:
         wrapping_up = False
         while True:
             state.iteration += 1
-            self._maybe_fold(state, on_progress)
+            self._maybe_fold(state, reporter)
             response = self._call_model(state, offer_tools=not wrapping_up)
             if wrapping_up:
                 # The wrap-up reply is the answer; tool calls it carries anyway do not run.
@@ -498,10 +532,10 @@ class Agent:
                     return response.content, "max_iterations"
                 state.last_completed = state.iteration
                 state.progress = list(state.history)
-                self._report(state, on_progress)
+                self._report(state, ProgressKind.ROUND, reporter)
                 continue
             if self._needs_revision(state, response.content):
-                self._report(state, on_progress)
+                self._report(state, ProgressKind.ROUND, reporter)
                 continue
             return response.content, "answer"
 
@@ -570,7 +604,7 @@ class Agent:
         state.pending_instruction = instruction
         return True
 
-    def _maybe_fold(self, state: _Run, on_progress: ProgressHook | None) -> None:
+    def _maybe_fold(self, state: _Run, reporter: ReportHook | None) -> None:
         if self.compaction is None:
             return
         folded = self.compaction.fold(
@@ -585,7 +619,7 @@ class Agent:
         state.history, span = folded
         state.folded = [*state.folded, span]
         state.progress = list(state.history)
-        self._report(state, on_progress)
+        self._report(state, ProgressKind.FOLDED, reporter)
 
     def _request(self, state: _Run, *, offer_tools: bool) -> LLMRequest:
         pieces = [self.system] if self.system else []
@@ -606,10 +640,10 @@ class Agent:
 
     # -- writers ----------------------------------------------------------------------------
 
-    def _report(self, state: _Run, on_progress: ProgressHook | None) -> None:
-        """Persist-then-proceed: the hook returns before the loop goes on."""
-        if on_progress is not None:
-            on_progress(self._progress_checkpoint(state, failure=None))
+    def _report(self, state: _Run, kind: ProgressKind, reporter: ReportHook | None) -> None:
+        """Persist-then-proceed: the hooks return before the loop goes on."""
+        if reporter is not None:
+            reporter(ProgressReport(kind, self._progress_checkpoint(state, failure=None)))
 
     def _common(self, state: _Run) -> dict[str, Any]:
         recovery: dict[str, Any] | None = None
@@ -680,6 +714,23 @@ class Agent:
         return RunCheckpointError(message, checkpoint=checkpoint, cause=exc)
 
 
+def _reporter(on_progress: ProgressHook | None, on_report: ReportHook | None) -> ReportHook | None:
+    """One hook for the loop: on_progress is an adapter that passes on the checkpoint alone."""
+    hooks: list[ReportHook] = []
+    if on_progress is not None:
+        hooks.append(lambda report: on_progress(report.checkpoint))
+    if on_report is not None:
+        hooks.append(on_report)
+    if len(hooks) <= 1:
+        return hooks[0] if hooks else None
+
+    def both(report: ProgressReport) -> None:
+        for hook in hooks:
+            hook(report)
+
+    return both
+
+
 def _count_users(history: Sequence[Message]) -> int:
     return sum(1 for m in history if m.get("role") == "user")
 
@@ -696,5 +747,7 @@ __all__ = [
     "AgentError",
     "AgentInput",
     "AgentResult",
+    "ProgressKind",
+    "ProgressReport",
     "normalize_input",
 ]

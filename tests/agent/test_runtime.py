@@ -17,6 +17,7 @@ from agent import (
     AgentInput,
     AgentRunCheckpoint,
     CheckpointFormatError,
+    Compaction,
     ConversationMismatchError,
     Deny,
     InvalidRunInputError,
@@ -24,6 +25,8 @@ from agent import (
     LLMResponse,
     MessageDeniedError,
     NoConversationError,
+    ProgressKind,
+    ProgressReport,
     ProviderHTTPError,
     RunCheckpointError,
     RunInFlightError,
@@ -1560,6 +1563,102 @@ def test_follow_up_and_resume_report_progress_too() -> None:
     agent.resume_on_error(crash_checkpoint(), on_progress=seen.append)
     assert seen[0].history[-1] == user("two")
     assert seen[1].history == tool_round_history()
+
+
+def test_on_report_names_what_moved_at_the_same_points_as_on_progress() -> None:
+    reports: list[ProgressReport] = []
+    checkpoints: list[AgentRunCheckpoint] = []
+    agent, _ = support_agent(
+        [lookup_call(), lookup_call(), answer(ORDER_ANSWER)],
+    )
+    agent.run(
+        {"message": "Where is my order A-17?", "identity": IDENTITY},
+        on_progress=checkpoints.append,
+        on_report=reports.append,
+    )
+    assert [r.kind for r in reports] == [
+        ProgressKind.SEEDED,
+        ProgressKind.ROUND,
+        ProgressKind.ROUND,
+    ]
+    assert [r.checkpoint for r in reports] == checkpoints, "the same checkpoints, in order"
+    assert all(r.checkpoint is c for r, c in zip(reports, checkpoints, strict=True))
+    assert [str(r.kind) for r in reports] == ["seeded", "round", "round"]
+
+
+def test_on_report_alone_and_on_progress_alone_each_work() -> None:
+    reports: list[ProgressReport] = []
+    agent, _ = plain_agent([answer("hi"), answer("again")])
+    agent.run("hello", on_report=reports.append)
+    assert [(r.kind, r.checkpoint.history) for r in reports] == [
+        (ProgressKind.SEEDED, [user("hello")])
+    ]
+    legacy: list[Any] = []
+    agent.follow_up("and?", on_progress=lambda checkpoint: legacy.append(checkpoint))
+    assert [type(c) for c in legacy] == [AgentRunCheckpoint]
+
+
+def test_a_fold_and_a_wrap_up_are_reported_by_kind() -> None:
+    reports: list[ProgressReport] = []
+    compaction = Compaction(max_messages=3, keep_last=1)
+    agent, _ = plain_agent(
+        [*endless_tool_calls(2), answer("done")],
+        tools=[lookup_order],
+        max_iterations=2,
+        compaction=compaction,
+    )
+    agent.run("Check my orders.", on_report=reports.append)
+    # Seeded; round 1's tool result; the wrap-up ask; then the wrap-up call's fold.
+    assert [r.kind for r in reports] == [
+        ProgressKind.SEEDED,
+        ProgressKind.ROUND,
+        ProgressKind.ROUND,
+        ProgressKind.FOLDED,
+    ]
+    assert reports[2].checkpoint.history[-1] == user(WRAP_UP_INSTRUCTION)
+    assert reports[3].checkpoint.folded
+
+
+def test_follow_up_and_resume_take_on_report_too() -> None:
+    reports: list[ProgressReport] = []
+    agent, _ = plain_agent([answer("a"), answer("b"), answer("c")])
+    agent.run("one")
+    agent.follow_up("two", on_report=reports.append)
+    agent.resume_on_error(crash_checkpoint(), on_report=reports.append)
+    assert [r.kind for r in reports] == [ProgressKind.SEEDED, ProgressKind.SEEDED]
+    assert reports[1].checkpoint.history == tool_round_history()
+
+
+def test_an_on_report_that_raises_stops_the_run_like_on_progress() -> None:
+    def hook(report: ProgressReport) -> None:
+        if report.kind is ProgressKind.ROUND:
+            raise OSError("redis went away")
+
+    agent, provider = support_agent([lookup_call(), lookup_call(), answer("never")])
+    error = crash_of(lambda: agent.run("Where is my order A-17?", on_report=hook))
+    assert isinstance(error.cause, OSError)
+    assert error.checkpoint.history == tool_round_history()
+    assert len(provider.requests) == 1, "the next iteration did not start"
+
+
+def test_when_on_progress_raises_on_report_is_not_called_for_that_point() -> None:
+    reports: list[ProgressReport] = []
+
+    def failing(checkpoint: AgentRunCheckpoint) -> None:
+        raise OSError("disk full")
+
+    agent, _ = plain_agent([answer("never")])
+    crash_of(lambda: agent.run("hello", on_progress=failing, on_report=reports.append))
+    assert reports == []
+
+
+def test_a_progress_report_is_a_frozen_value() -> None:
+    agent, _ = plain_agent([answer("hi")])
+    reports: list[ProgressReport] = []
+    agent.run("hello", on_report=reports.append)
+    with pytest.raises(AttributeError):
+        reports[0].kind = ProgressKind.ROUND  # type: ignore[misc]
+    assert ProgressKind("folded") is ProgressKind.FOLDED
 
 
 # ---------------------------------------------------------------------------------------------
