@@ -398,7 +398,10 @@ class AgentRunCheckpoint:
     orjson and writing is one orjson call; the attributes read that dict (absent keys read as
     None). Nested data is shared and must not be edited; `to_dict()` hands out a deep copy.
     Keys keep the order they were read in, so a checkpoint read and written again is the same
-    JSON; checkpoints built here use the reference runtime's order.
+    JSON; checkpoints built here use the reference runtime's order. Numbers are written as the
+    reference writes them (agent/jsnumbers.py): loading normalises them, and the constructor
+    takes values already in that form (the runtime's are); build from plain data with
+    `from_dict`.
     """
 
     __slots__ = ("_wire",)
