@@ -138,12 +138,14 @@ def tool_from_function(
     properties: dict[str, Any] = {}
     required: list[str] = []
     context_param: str | None = None
+    takes_any = False  # a **kwargs parameter
     for param in inspect.signature(fn).parameters.values():
         hint = hints.get(param.name, Any)
         if _is_context(hint):
             context_param = param.name
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            takes_any = takes_any or param.kind is param.VAR_KEYWORD
             continue
         properties[param.name] = _schema_for(hint)
         if param.default is param.empty and not _is_optional(hint):
@@ -152,8 +154,6 @@ def tool_from_function(
     if required:
         schema["required"] = required
     doc = inspect.getdoc(fn) or ""
-
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
 
     def execute(args: dict[str, Any], ctx: ToolContext) -> Any:
         # The reference does not check args against the schema (p06). A function without
