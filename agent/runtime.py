@@ -716,19 +716,15 @@ class Agent:
 
 def _reporter(on_progress: ProgressHook | None, on_report: ReportHook | None) -> ReportHook | None:
     """One hook for the loop: on_progress is an adapter that passes on the checkpoint alone."""
-    hooks: list[ReportHook] = []
-    if on_progress is not None:
-        hooks.append(lambda report: on_progress(report.checkpoint))
-    if on_report is not None:
-        hooks.append(on_report)
-    if len(hooks) <= 1:
-        return hooks[0] if hooks else None
+    if on_progress is None:
+        return on_report
 
-    def both(report: ProgressReport) -> None:
-        for hook in hooks:
-            hook(report)
+    def report(progress: ProgressReport) -> None:
+        on_progress(progress.checkpoint)
+        if on_report is not None:
+            on_report(progress)
 
-    return both
+    return report
 
 
 def _count_users(history: Sequence[Message]) -> int:
