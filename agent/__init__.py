@@ -30,7 +30,7 @@ from agent.middleware import Deny, InputContext
 from agent.providers.anthropic import AnthropicProvider
 from agent.providers.openai import OpenAIChatProvider
 from agent.providers.scripted import ScriptedProvider, ScriptExhaustedError
-from agent.runtime import Agent, AgentInput, AgentResult
+from agent.runtime import Agent, AgentInput, AgentResult, ProgressKind, ProgressReport
 from agent.skills import SkillGraph
 from agent.tools import Tool, ToolContext, tool
 
@@ -53,6 +53,8 @@ __all__ = [
     "MessageDeniedError",
     "NoConversationError",
     "OpenAIChatProvider",
+    "ProgressKind",
+    "ProgressReport",
     "ProviderConnectionError",
     "ProviderError",
     "ProviderHTTPError",

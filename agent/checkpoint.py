@@ -18,6 +18,7 @@ from typing import Any, TypeGuard
 import orjson
 
 from agent.errors import CheckpointFormatError
+from agent.jsnumbers import EXACT_INT, needs_js_numbers, normalize_in_place
 
 CHECKPOINT_VERSION = 1
 # A checkpoint larger than this is refused before parsing: it is not a conversation, it is an
@@ -124,6 +125,12 @@ def _fail(field_name: str, problem: str) -> CheckpointFormatError:
 
 def validate_checkpoint(value: object) -> None:
     """Raise CheckpointFormatError naming the first field that is wrong (CHECKPOINT.md 1.3)."""
+    _validate(value)
+
+
+def _validate(value: object) -> bool:
+    """validate_checkpoint, and whether a number in the value is not written as the reference
+    writes it (found in the same pass over history, so loading walks history once)."""
     if not _is_object(value):
         raise _fail("<checkpoint>", f"not an object (got {_describe(value)})")
     version = value.get("version")
@@ -159,12 +166,27 @@ def validate_checkpoint(value: object) -> None:
         turn = value["turnNumber"]
         if not _is_int(turn) or not 1 <= turn <= _MAX_SAFE_INTEGER:
             raise _fail("turnNumber", f"must be a safe integer >= 1, got {_describe(turn)}")
-    _check_history(history)
+    renumber = _check_history(history)
     _check_carried_shapes(value)
+    return renumber or _renumber_top_level(value)
 
 
-def _check_history(history: list[Any]) -> None:
-    # The hot path of every load: one type test per message, the slow explanation only on failure.
+def _renumber_top_level(value: Mapping[str, Any]) -> bool:
+    for key, item in value.items():
+        kind = type(item)
+        if kind is str or key == "history" or (kind is int and -EXACT_INT <= item <= EXACT_INT):
+            continue
+        if needs_js_numbers(item):
+            return True
+    return False
+
+
+def _check_history(history: list[Any]) -> bool:
+    """Refuse a bad message by index; True when a number in history needs renumbering."""
+    # The hot path of every load: a few type tests per message, the slow explanation only on
+    # failure. The usual shapes (text, tool result, tool calls with string args) are known to
+    # hold no number without walking them.
+    renumber = False
     for message in history:
         if (
             type(message) is not dict
@@ -172,8 +194,17 @@ def _check_history(history: list[Any]) -> None:
             or type(message.get("content")) is not str
         ):
             break
+        size = len(message)
+        if renumber or size == 2:
+            continue
+        if size == 4:
+            if type(message.get("toolCallId")) is str and type(message.get("toolName")) is str:
+                continue
+        elif size == 3 and _string_tool_calls(message.get("toolCalls")):
+            continue
+        renumber = needs_js_numbers(message)
     else:
-        return
+        return renumber
     for index, message in enumerate(history):
         where = f"history[{index}]"
         if message is None:
@@ -187,6 +218,27 @@ def _check_history(history: list[Any]) -> None:
         ]
         if problems:
             raise _fail(where, "; ".join(problems) + " (role and content must be strings)")
+    return needs_js_numbers(history)
+
+
+def _string_tool_calls(calls: object) -> bool:
+    """True for a toolCalls list of {id, name, args} whose args are all strings."""
+    if type(calls) is not list:
+        return False
+    for call in calls:
+        if type(call) is not dict or len(call) != 3:
+            return False
+        args = call.get("args")
+        if (
+            type(args) is not dict
+            or type(call.get("id")) is not str
+            or type(call.get("name")) is not str
+        ):
+            return False
+        for item in args.values():
+            if type(item) is not str:
+                return False
+    return True
 
 
 def _check_evidence_recovery(value: object) -> None:
@@ -346,7 +398,10 @@ class AgentRunCheckpoint:
     orjson and writing is one orjson call; the attributes read that dict (absent keys read as
     None). Nested data is shared and must not be edited; `to_dict()` hands out a deep copy.
     Keys keep the order they were read in, so a checkpoint read and written again is the same
-    JSON; checkpoints built here use the reference runtime's order.
+    JSON; checkpoints built here use the reference runtime's order. Numbers are written as the
+    reference writes them (agent/jsnumbers.py): loading normalises them, and the constructor
+    takes values already in that form (the runtime's are); build from plain data with
+    `from_dict`.
     """
 
     __slots__ = ("_wire",)
@@ -405,7 +460,9 @@ class AgentRunCheckpoint:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, AgentRunCheckpoint):
             return NotImplemented
-        return self._wire == other._wire
+        # A number held as an orjson.Fragment (jsnumbers) only compares by identity: the bytes
+        # settle it then.
+        return self._wire == other._wire or self.to_json() == other.to_json()
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -431,23 +488,25 @@ class AgentRunCheckpoint:
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> AgentRunCheckpoint:
-        validate_checkpoint(value)
+        renumber = _validate(value)
         try:
             # A deep copy through the codec: the caller keeps their dict, and anything that is not
             # plain JSON (sets, objects, non-string keys) is refused here rather than at write time.
             owned = orjson.loads(orjson.dumps(value, option=_STRICT_DUMPS))
         except TypeError as exc:
             raise _fail("<checkpoint>", f"not plain JSON data: {exc}") from None
-        return cls._wrap(owned)
+        return cls._wrap(owned, renumber)
 
     @classmethod
     def from_parsed(cls, value: Any) -> AgentRunCheckpoint:
         """Validate freshly parsed JSON that nobody else holds (no copy is made)."""
-        validate_checkpoint(value)
-        return cls._wrap(value)
+        return cls._wrap(value, _validate(value))
 
     @classmethod
-    def _wrap(cls, value: dict[str, Any]) -> AgentRunCheckpoint:
+    def _wrap(cls, value: dict[str, Any], renumber: bool) -> AgentRunCheckpoint:
+        if renumber:
+            # Written with floats (2.0, -0.0, 1e-6...): from now on as the reference writes them.
+            normalize_in_place(value)
         if any(value.get(key, 0) is None for key in _NULL_MEANS_ABSENT):
             value = {k: v for k, v in value.items() if v is not None or k not in _NULL_MEANS_ABSENT}
         checkpoint = object.__new__(cls)

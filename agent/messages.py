@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from agent.jsnumbers import js_json
+
 Message = dict[str, Any]
 
 # Keys that belong to the record but never reach a provider (CHECKPOINT.md D9).
@@ -51,13 +53,18 @@ class LLMRequest:
     iteration: int = field(default=0, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """The reference runtime's request shape: {systemPrompt, messages, tools, model}."""
-        return {
-            "systemPrompt": self.system_prompt,
-            "messages": self.messages,
-            "tools": self.tools,
-            "model": self.model,
-        }
+        """The reference runtime's request shape: {systemPrompt?, messages, tools?, model}.
+
+        No system prompt means no `systemPrompt` key and no tools no `tools` key (not "" or []),
+        as the reference writes it (p04)."""
+        request: dict[str, Any] = {}
+        if self.system_prompt:
+            request["systemPrompt"] = self.system_prompt
+        request["messages"] = self.messages
+        if self.tools:
+            request["tools"] = self.tools
+        request["model"] = self.model
+        return request
 
 
 @runtime_checkable
@@ -101,11 +108,13 @@ def user_message(content: str) -> Message:
 
 
 def assistant_message(response: LLMResponse) -> Message:
+    """The model's reply as a history message, its numbers (tool-call args, provider metadata)
+    as the reference writes them: this is where they enter the record."""
     message: Message = {"role": "assistant", "content": unicode_text(response.content)}
     if response.tool_calls:
-        message["toolCalls"] = [call.to_wire() for call in response.tool_calls]
+        message["toolCalls"] = [js_json(call.to_wire()) for call in response.tool_calls]
     if response.thinking_blocks:
-        message["thinkingBlocks"] = [dict(block) for block in response.thinking_blocks]
+        message["thinkingBlocks"] = [js_json(dict(block)) for block in response.thinking_blocks]
     return message
 
 

@@ -1,9 +1,25 @@
 """Agent: the doors (run, follow_up, resume_on_error, checkpoint) and the iteration loop.
 
 One run is one turn: seed the history, then model call -> tool calls -> next iteration until the
-model answers or `max_iterations` runs out. Everything a run changes lives in a `_Run` local to
-that call; the instance only holds the in-flight mark and the last run's committed state, so one
-Agent runs one turn at a time (RunInFlightError) and separate instances share nothing mutable.
+model answers. `max_iterations` is an action budget, as in the reference: when the model still
+asks for tools on the last allowed call, those calls do not run, the assistant message carrying
+them is not kept, the WRAP_UP_INSTRUCTION user message is appended (and kept), and one more
+call goes out with no tools offered; its reply is the turn's answer and it counts as an
+iteration (p01). Everything a run changes lives in a `_Run` local to that call; the instance
+only holds the in-flight mark and the last run's committed state, so one Agent runs one turn at
+a time (RunInFlightError) and separate instances share nothing mutable.
+
+Durability hooks: `run`, `follow_up` and `resume_on_error` take `on_progress` (called with an
+AgentRunCheckpoint) and `on_report` (called with a ProgressReport: that checkpoint and the
+ProgressKind saying what moved). Both are called at the same points, one after the other
+(`on_progress` first), and return before the loop goes on (persist, then proceed):
+- `seeded`: the turn's history is seeded (after the input chain, before the first model call);
+- `round`: an iteration ended and the loop goes on: its tool results are in, or, with no tool
+  run, the budget's wrap-up message was appended or an evidence revision was asked for;
+- `folded`: compaction folded old messages into a summary.
+The checkpoint is the crash-checkpoint shape without failurePoint. If a hook raises, the run
+stops with RunCheckpointError (that error as its cause, the last progress as its checkpoint).
+`on_progress` is an adapter over `on_report`: one code path.
 """
 
 from __future__ import annotations
@@ -13,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 from agent.checkpoint import AgentRunCheckpoint, checkpoint_from_any
@@ -31,6 +48,7 @@ from agent.errors import (
 )
 from agent.folding import Compaction
 from agent.identity import normalize_identity
+from agent.jsnumbers import js_json, plain_json
 from agent.messages import (
     LLMProvider,
     LLMRequest,
@@ -44,14 +62,40 @@ from agent.messages import (
     user_message,
 )
 from agent.middleware import InputMiddleware, run_input_chain
+from agent.repeated_calls import RepeatedCalls
 from agent.skills import SkillGraph
-from agent.tools import Tool, ToolContext, tool_result_text
+from agent.tools import Tool, ToolContext, tool_result_text, unknown_tool_text
 
 DEFAULT_AGENT_ID = "agent"
 DEFAULT_MAX_ITERATIONS = 10
 MAX_MESSAGE_UTF16_UNITS = 1_000_000
 
+# The user message a turn that ran out of its action budget gets, verbatim (p01).
+WRAP_UP_INSTRUCTION = (
+    "Your action budget for this turn is exhausted. Do not request tools. Give your best final "
+    "answer from what you have: what you completed, what remains undone, and anything the "
+    "person should know."
+)
+
+StopReason = Literal["answer", "max_iterations"]
+
+
+class ProgressKind(StrEnum):
+    """What moved the conversation when a progress report was made (see the module doc)."""
+
+    SEEDED = "seeded"
+    ROUND = "round"
+    FOLDED = "folded"
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    kind: ProgressKind
+    checkpoint: AgentRunCheckpoint
+
+
 ProgressHook = Callable[[AgentRunCheckpoint], object]
+ReportHook = Callable[[ProgressReport], object]
 EvidenceCheck = Callable[[str, Sequence[Message]], "str | None"]
 
 _run_seq = itertools.count(1)
@@ -82,7 +126,9 @@ class AgentResult:
     iterations: int
     # The conversation after this turn, as agent.checkpoint() returns it.
     checkpoint: AgentRunCheckpoint
-    stop_reason: Literal["answer", "max_iterations"] = "answer"
+    # "max_iterations": the budget ran out while the model still asked for tools; `content` is
+    # then the wrap-up call's answer (or, for an agent without tools, that last reply's text).
+    stop_reason: StopReason = "answer"
     usage: Mapping[str, int] = field(default_factory=dict)
     middleware_decisions: tuple[Mapping[str, Any], ...] = ()
 
@@ -150,6 +196,8 @@ class _Run:
     finished: bool = False
     usage: dict[str, int] = field(default_factory=dict)
     decisions: tuple[Mapping[str, Any], ...] = ()
+    # Identical-call landings of this run: the count restarts with every run (p02).
+    repeats: RepeatedCalls = field(default_factory=RepeatedCalls)
 
 
 class Agent:
@@ -191,7 +239,8 @@ class Agent:
         self.system = system
         self.tools: tuple[Tool, ...] = tuple(tools)
         self._tools_by_name = {t.name: t for t in self.tools}
-        self._tool_specs = [t.spec() for t in self.tools]
+        # Schemas are user data written into every request: numbers as the reference writes them.
+        self._tool_specs: list[dict[str, Any]] = [js_json(t.spec()) for t in self.tools]
         self.id = id if id is not None else DEFAULT_AGENT_ID
         self.named = id is not None
         ok = isinstance(max_iterations, int) and not isinstance(max_iterations, bool)
@@ -216,6 +265,7 @@ class Agent:
         identity: Mapping[str, Any] | None = None,
         time: Any = None,
         on_progress: ProgressHook | None = None,
+        on_report: ReportHook | None = None,
     ) -> AgentResult:
         """One turn. With `continue_from` it continues that conversation with a new user turn."""
         request = normalize_input(input)
@@ -240,7 +290,8 @@ class Agent:
                 turn = max(1, _count_users(history) + 1)
             state = self._new_run(run_id, request.message, history, caller, turn, stored, run_time)
             state.clock = self._clock_for(state, stored, run_time, resuming=False)
-            return self._execute(state, append_user=True, on_progress=on_progress)
+            reporter = _reporter(on_progress, on_report)
+            return self._execute(state, append_user=True, reporter=reporter)
         finally:
             self._release()
 
@@ -251,6 +302,7 @@ class Agent:
         identity: Mapping[str, Any] | None = None,
         time: Any = None,
         on_progress: ProgressHook | None = None,
+        on_report: ReportHook | None = None,
     ) -> AgentResult:
         """Continue this instance's last finished conversation with `message`."""
         with self._lock:
@@ -265,6 +317,7 @@ class Agent:
             identity=identity,
             time=time,
             on_progress=on_progress,
+            on_report=on_report,
         )
 
     def resume_on_error(
@@ -274,6 +327,7 @@ class Agent:
         identity: Mapping[str, Any] | None = None,
         time: Any = None,
         on_progress: ProgressHook | None = None,
+        on_report: ReportHook | None = None,
     ) -> AgentResult:
         """Re-run the failed turn of `checkpoint`: same history, same turn, nothing appended."""
         run_id = self._claim("resume_on_error")
@@ -295,7 +349,8 @@ class Agent:
                 pending = recovery.get("pending")
                 state.pending_instruction = pending["instruction"] if pending else None
             state.clock = self._clock_for(state, stored, run_time, resuming=True)
-            return self._execute(state, append_user=False, on_progress=on_progress)
+            reporter = _reporter(on_progress, on_report)
+            return self._execute(state, append_user=False, reporter=reporter)
         finally:
             self._release()
 
@@ -416,7 +471,7 @@ class Agent:
     # -- the loop ---------------------------------------------------------------------------
 
     def _execute(
-        self, state: _Run, *, append_user: bool, on_progress: ProgressHook | None
+        self, state: _Run, *, append_user: bool, reporter: ReportHook | None
     ) -> AgentResult:
         try:
             message, decisions = run_input_chain(
@@ -436,8 +491,8 @@ class Agent:
             state.skill_cursor = self.skills.route(message, state.skill_cursor)
         state.progress = list(state.history)
         try:
-            self._report(state, on_progress)
-            content, stop = self._loop(state, on_progress)
+            self._report(state, ProgressKind.SEEDED, reporter)
+            content, stop = self._loop(state, reporter)
         except Exception as exc:
             self._commit(state)
             if isinstance(exc, MessageDeniedError):
@@ -456,60 +511,88 @@ class Agent:
             middleware_decisions=state.decisions,
         )
 
-    def _loop(
-        self, state: _Run, on_progress: ProgressHook | None
-    ) -> tuple[str, Literal["answer", "max_iterations"]]:
-        for iteration in range(1, self.max_iterations + 1):
-            state.iteration = iteration
-            self._maybe_fold(state, on_progress)
-            state.bracket = ("llm", "call-llm")
-            response = self.provider.complete(self._request(state))
-            if not isinstance(response, LLMResponse):
-                raise TypeError(
-                    f"provider {getattr(self.provider, 'name', '?')} returned "
-                    f"{type(response).__name__}, not an LLMResponse"
-                )
-            state.bracket = None
-            _add_usage(state.usage, response.usage)
-            if state.pending_instruction is not None:
-                state.pending_instruction = None  # the request that carried it completed
+    def _loop(self, state: _Run, reporter: ReportHook | None) -> tuple[str, StopReason]:
+        wrapping_up = False
+        while True:
+            state.iteration += 1
+            self._maybe_fold(state, reporter)
+            response = self._call_model(state, offer_tools=not wrapping_up)
+            if wrapping_up:
+                # The wrap-up reply is the answer; tool calls it carries anyway do not run.
+                return response.content, "max_iterations"
             if response.tool_calls:
-                self._run_tools(state, response)
-                state.last_completed = iteration
+                if state.iteration < self.max_iterations:
+                    self._run_tools(state, response)
+                elif self._tool_specs:
+                    self._ask_for_wrap_up(state)
+                    wrapping_up = True
+                else:
+                    # No tools to withhold, so no wrap-up (the reference mounts it only on an
+                    # agent that can call tools): the turn is cut short with this reply's text.
+                    return response.content, "max_iterations"
+                state.last_completed = state.iteration
                 state.progress = list(state.history)
-                self._report(state, on_progress)
+                self._report(state, ProgressKind.ROUND, reporter)
                 continue
             if self._needs_revision(state, response.content):
-                self._report(state, on_progress)
+                self._report(state, ProgressKind.ROUND, reporter)
                 continue
             return response.content, "answer"
-        return "", "max_iterations"
+
+    def _call_model(self, state: _Run, *, offer_tools: bool) -> LLMResponse:
+        state.bracket = ("llm", "call-llm")
+        response = self.provider.complete(self._request(state, offer_tools=offer_tools))
+        if not isinstance(response, LLMResponse):
+            raise TypeError(
+                f"provider {getattr(self.provider, 'name', '?')} returned "
+                f"{type(response).__name__}, not an LLMResponse"
+            )
+        state.bracket = None
+        _add_usage(state.usage, response.usage)
+        if state.pending_instruction is not None:
+            state.pending_instruction = None  # the request that carried it completed
+        return response
+
+    def _ask_for_wrap_up(self, state: _Run) -> None:
+        """The budget is spent and the model still wants tools: the calls do not run and the
+        message carrying them is not kept (its text would be a fragment); the ask is kept."""
+        state.history = [*state.history, user_message(WRAP_UP_INSTRUCTION)]
 
     def _run_tools(self, state: _Run, response: LLMResponse) -> None:
-        history = [*state.history, assistant_message(response)]
-        for call in response.tool_calls:
-            found = self._tools_by_name.get(call.name)
-            state.bracket = ("tool", call.name or "tool")
-            if found is None:
-                content = f"Unknown tool '{call.name}'. Available: {sorted(self._tools_by_name)}"
-            else:
-                ctx = ToolContext(
-                    run_id=state.run_id,
-                    tool_call_id=call.id,
-                    turn_number=state.turn,
-                    identity=state.identity,
-                    clock=state.clock,
-                )
-                try:
-                    content = tool_result_text(found.call(call.args, ctx))
-                except ToolAbort:
-                    raise
-                except Exception as exc:
-                    # Reported to the model, which decides what to do next (fixture c1).
-                    content = unicode_text(str(exc) or type(exc).__name__)
+        message = assistant_message(response)
+        history = [*state.history, message]
+        for call in message["toolCalls"]:
+            name, call_id, args = call["name"], call["id"], call["args"]
+            state.bracket = ("tool", name or "tool")
+            content, ran = self._call_tool(state, name, call_id, args)
+            if ran:
+                content += state.repeats.note_for(name, args, content)
             state.bracket = None
-            history.append(tool_message(call.id, call.name, content))
+            history.append(tool_message(call_id, name, content))
         state.history = history
+
+    def _call_tool(
+        self, state: _Run, name: str, call_id: str, args: Mapping[str, Any]
+    ) -> tuple[str, bool]:
+        """The tool result text, and whether the tool ran (a call to an unknown tool did not)."""
+        found = self._tools_by_name.get(name)
+        if found is None:
+            return unknown_tool_text(name), False
+        ctx = ToolContext(
+            run_id=state.run_id,
+            tool_call_id=call_id,
+            turn_number=state.turn,
+            identity=state.identity,
+            clock=state.clock,
+        )
+        try:
+            return tool_result_text(found.call(plain_json(args), ctx)), True
+        except ToolAbort:
+            raise
+        except Exception as exc:
+            # Reported to the model, which decides what to do next (fixture c1); an empty
+            # message is an empty result, as the reference writes it.
+            return unicode_text(str(exc)), True
 
     def _needs_revision(self, state: _Run, answer: str) -> bool:
         if self.evidence_check is None or state.revision_spent:
@@ -521,7 +604,7 @@ class Agent:
         state.pending_instruction = instruction
         return True
 
-    def _maybe_fold(self, state: _Run, on_progress: ProgressHook | None) -> None:
+    def _maybe_fold(self, state: _Run, reporter: ReportHook | None) -> None:
         if self.compaction is None:
             return
         folded = self.compaction.fold(
@@ -536,9 +619,9 @@ class Agent:
         state.history, span = folded
         state.folded = [*state.folded, span]
         state.progress = list(state.history)
-        self._report(state, on_progress)
+        self._report(state, ProgressKind.FOLDED, reporter)
 
-    def _request(self, state: _Run) -> LLMRequest:
+    def _request(self, state: _Run, *, offer_tools: bool) -> LLMRequest:
         pieces = [self.system] if self.system else []
         if self.skills is not None and state.skill_cursor is not None:
             pieces.append(self.skills.instruction(state.skill_cursor))
@@ -549,7 +632,7 @@ class Agent:
         return LLMRequest(
             system_prompt="\n\n".join(pieces),
             messages=request_messages(state.history),
-            tools=self._tool_specs,
+            tools=self._tool_specs if offer_tools else [],
             model=self.model,
             run_id=state.run_id,
             iteration=state.iteration,
@@ -557,10 +640,10 @@ class Agent:
 
     # -- writers ----------------------------------------------------------------------------
 
-    def _report(self, state: _Run, on_progress: ProgressHook | None) -> None:
-        """Persist-then-proceed: the hook returns before the next tools run."""
-        if on_progress is not None:
-            on_progress(self._progress_checkpoint(state, failure=None))
+    def _report(self, state: _Run, kind: ProgressKind, reporter: ReportHook | None) -> None:
+        """Persist-then-proceed: the hooks return before the loop goes on."""
+        if reporter is not None:
+            reporter(ProgressReport(kind, self._progress_checkpoint(state, failure=None)))
 
     def _common(self, state: _Run) -> dict[str, Any]:
         recovery: dict[str, Any] | None = None
@@ -631,6 +714,19 @@ class Agent:
         return RunCheckpointError(message, checkpoint=checkpoint, cause=exc)
 
 
+def _reporter(on_progress: ProgressHook | None, on_report: ReportHook | None) -> ReportHook | None:
+    """One hook for the loop: on_progress is an adapter that passes on the checkpoint alone."""
+    if on_progress is None:
+        return on_report
+
+    def report(progress: ProgressReport) -> None:
+        on_progress(progress.checkpoint)
+        if on_report is not None:
+            on_report(progress)
+
+    return report
+
+
 def _count_users(history: Sequence[Message]) -> int:
     return sum(1 for m in history if m.get("role") == "user")
 
@@ -641,4 +737,13 @@ def _add_usage(total: dict[str, int], usage: Mapping[str, Any] | None) -> None:
             total[key] = total.get(key, 0) + value
 
 
-__all__ = ["Agent", "AgentError", "AgentInput", "AgentResult", "normalize_input"]
+__all__ = [
+    "WRAP_UP_INSTRUCTION",
+    "Agent",
+    "AgentError",
+    "AgentInput",
+    "AgentResult",
+    "ProgressKind",
+    "ProgressReport",
+    "normalize_input",
+]

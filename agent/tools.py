@@ -11,6 +11,8 @@ from typing import Any, Literal, Union, get_args, get_origin, overload
 
 import orjson
 
+from agent.jsnumbers import js_json
+
 
 @dataclass(frozen=True, slots=True)
 class ToolContext:
@@ -67,24 +69,30 @@ def _positional_arity(fn: Callable[..., Any]) -> int:
     return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
-def tool_result_text(value: Any) -> str:
-    """A tool's return value as the tool message content: str as is, else compact JSON.
+# What the reference writes for a tool that returned nothing: not "", so the model can tell
+# "no value" from "the empty answer".
+NO_TOOL_VALUE = "(this tool returned no value)"
 
-    Floats with an integral value print as integers, as JavaScript's JSON.stringify does.
-    """
+
+def unknown_tool_text(name: str) -> str:
+    """The tool result for a call to a tool this agent does not have (p03)."""
+    return f"Unknown tool: {name}"
+
+
+def tool_result_text(value: Any) -> str:
+    """A tool's return value as the tool message content, as the reference writes it: a str as
+    is, None as NO_TOOL_VALUE, anything else as compact JSON with JavaScript's numbers (2.0 as
+    2, -0.0 as 0, 1e21 as 1e+21)."""
     if isinstance(value, str):
         return value
-    return orjson.dumps(_js_numbers(value), default=str).decode()
-
-
-def _js_numbers(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _js_numbers(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_js_numbers(v) for v in value]
-    return value
+    if value is None:
+        return NO_TOOL_VALUE
+    try:
+        text = orjson.dumps(js_json(value), default=str, option=orjson.OPT_NON_STR_KEYS)
+    except (TypeError, RecursionError) as exc:  # orjson.JSONEncodeError is a TypeError
+        # A cyclic or otherwise unwritable value: say so, as the reference does, not crash.
+        return f"[unstringifiable: {exc}]"
+    return text.decode()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,12 +138,14 @@ def tool_from_function(
     properties: dict[str, Any] = {}
     required: list[str] = []
     context_param: str | None = None
+    takes_any = False  # a **kwargs parameter
     for param in inspect.signature(fn).parameters.values():
         hint = hints.get(param.name, Any)
         if _is_context(hint):
             context_param = param.name
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            takes_any = takes_any or param.kind is param.VAR_KEYWORD
             continue
         properties[param.name] = _schema_for(hint)
         if param.default is param.empty and not _is_optional(hint):
@@ -146,15 +156,19 @@ def tool_from_function(
     doc = inspect.getdoc(fn) or ""
 
     def execute(args: dict[str, Any], ctx: ToolContext) -> Any:
-        unknown = sorted(set(args) - set(properties))
-        if unknown:
-            raise TypeError(f"unexpected arguments {unknown}; expected {sorted(properties)}")
-        missing = [key for key in required if key not in args]
+        # The reference does not check args against the schema (p06). A function without
+        # **kwargs cannot take an undeclared keyword, so it does not see one (as a JavaScript
+        # function ignores properties it does not read); with **kwargs it gets them all.
+        if takes_any:
+            given = {key: value for key, value in args.items() if key != context_param}
+        else:
+            given = {key: value for key, value in args.items() if key in properties}
+        missing = [key for key in required if key not in given]
         if missing:
             raise TypeError(f"missing required arguments {missing}")
         if context_param is not None:
-            return fn(**args, **{context_param: ctx})
-        return fn(**args)
+            return fn(**given, **{context_param: ctx})
+        return fn(**given)
 
     return Tool(
         name=name or fn.__name__,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from agent import Agent, LLMResponse, ScriptedProvider, Tool, ToolCall, tool
 from agent.providers.scripted import Step
+from tests.conftest import COMPAT_DIR
 
 SYSTEM = "You are a concise support agent."
 IDENTITY = {"tenant": "acme", "principal": "user-42", "conversationId": "conv-001"}
@@ -70,6 +74,16 @@ def answer(text: str) -> LLMResponse:
 def without_volatile(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """runId and checkpointedAt differ on every run (compat README)."""
     return {k: v for k, v in checkpoint.items() if k not in ("runId", "checkpointedAt")}
+
+
+def exact_fixture(name: str, drop: Sequence[str] = ()) -> bytes:
+    """A reference file as compact JSON with every number token exactly as that runtime wrote
+    it (parsing to Python numbers and writing them again would prove nothing about them)."""
+    text = (COMPAT_DIR / name).read_text(encoding="utf-8")
+    value = json.loads(text, parse_int=orjson.Fragment, parse_float=orjson.Fragment)
+    if drop:
+        value = {k: v for k, v in value.items() if k not in drop}
+    return orjson.dumps(value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The reference runtime's own files (agentfootprint 9.62): they load as they are, and replaying
-each scenario here sends the same model requests and writes the same checkpoints."""
+each scenario here sends the same model requests and writes the same checkpoints (p01-p07: byte
+for byte, numbers included)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,28 @@ from typing import Any
 import orjson
 import pytest
 
-from agent import AgentRunCheckpoint, LLMResponse, ProviderHTTPError, RunCheckpointError, ToolCall
+from agent import (
+    Agent,
+    AgentResult,
+    AgentRunCheckpoint,
+    LLMResponse,
+    ProviderHTTPError,
+    RunCheckpointError,
+    ScriptedProvider,
+    Tool,
+    ToolCall,
+    tool,
+)
 from tests.agent.support import (
     IDENTITY,
     ORDER_ANSWER,
     answer,
     charge_card_that_times_out,
+    exact_fixture,
     lookup_call,
     lookup_order,
     support_agent,
+    tool_call,
     without_volatile,
 )
 from tests.conftest import COMPAT_DIR, load_compat
@@ -204,3 +218,148 @@ def test_d_follow_up_on_the_same_instance() -> None:
     assert without_volatile(after.to_dict()) == without_volatile(
         load_compat("d_followup.checkpoint.json")  # type: ignore[arg-type]
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# p01-p07: the parity scenarios, compared as bytes (2 and 2.0 are equal dicts, not equal JSON)
+
+
+def assert_replays(
+    name: str, agent: Agent, provider: ScriptedProvider, result: AgentResult
+) -> None:
+    """Every request, the checkpoint (runId and checkpointedAt apart) and the answer are the
+    reference's, byte for byte."""
+    sent = orjson.dumps([request.to_dict() for request in provider.requests])
+    assert sent == exact_fixture(f"{name}.requests.json")
+    checkpoint = agent.checkpoint()
+    assert checkpoint is not None
+    written = orjson.dumps(without_volatile(checkpoint.wire()))
+    assert written == exact_fixture(f"{name}.checkpoint.json", drop=("runId", "checkpointedAt"))
+    assert {"output": result.content} == load_compat(f"{name}.output.json")
+    assert without_volatile(result.checkpoint.wire()) == without_volatile(checkpoint.wire())
+    # And what we wrote loads back to the same bytes.
+    assert AgentRunCheckpoint.from_json(checkpoint.to_json()).to_json() == checkpoint.to_json()
+
+
+def lookup(call_id: str, order_id: str) -> LLMResponse:
+    return tool_call(call_id, "lookup_order", orderId=order_id)
+
+
+def test_p01_the_action_budget_runs_out() -> None:
+    calls = [lookup(f"call_{n}", f"A-{n}") for n in range(1, 7)]
+    agent, provider = support_agent(
+        [*calls, answer("Orders A-1 to A-5 have shipped; I did not get to A-6.")]
+    )
+    result = agent.run({"message": "Check orders A-1 to A-6.", "identity": IDENTITY})
+    assert_replays("p01_max_iterations_wrap_up", agent, provider, result)
+    assert result.stop_reason == "max_iterations" and result.iterations == 7
+
+
+def test_p02_the_same_call_returns_the_same_result_twice() -> None:
+    agent, provider = support_agent(
+        [lookup("call_1", "A-17"), lookup("call_2", "A-17"), answer("A-17 has shipped.")]
+    )
+    result = agent.run({"message": "Where is my order A-17?", "identity": IDENTITY})
+    assert_replays("p02_identical_call_note", agent, provider, result)
+
+
+def test_p03_the_model_calls_a_tool_that_is_not_registered() -> None:
+    agent, provider = support_agent(
+        [tool_call("call_x", "nope"), answer("Sorry, I cannot do that.")]
+    )
+    result = agent.run({"message": "Do the thing.", "identity": IDENTITY})
+    assert_replays("p03_unknown_tool", agent, provider, result)
+
+
+def test_p04_no_system_prompt_and_no_tools() -> None:
+    provider = ScriptedProvider([answer("Hello! How can I help you today?")])
+    agent = Agent(provider=provider, model="mock-model", id="support-agent", max_iterations=6)
+    result = agent.run({"message": "Hi there", "identity": IDENTITY})
+    assert_replays("p04_no_system_prompt", agent, provider, result)
+    assert provider.requests[0].to_dict() == {
+        "messages": [{"role": "user", "content": "Hi there"}],
+        "model": "mock-model",
+    }
+
+
+MEASURE = Tool(
+    name="measure",
+    description="Echo the numbers back.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "qty": {"type": "number"},
+            "big": {"type": "number"},
+            "neg": {"type": "number"},
+            "tiny": {"type": "number"},
+        },
+    },
+    execute=lambda args: args,
+)
+
+
+def test_p05_whole_number_floats_in_args() -> None:
+    call = tool_call("call_1", "measure", qty=2.0, big=1e21, neg=-0.0, tiny=1e-7)
+    agent, provider = support_agent([call, answer("Measured.")], tools=(MEASURE,))
+    result = agent.run({"message": "Measure it.", "identity": IDENTITY})
+    assert_replays("p05_whole_number_floats_in_args", agent, provider, result)
+
+
+def echo_args_tool() -> Tool:
+    return Tool(
+        name="echo_args",
+        description="Echo the arguments back.",
+        input_schema={
+            "type": "object",
+            "properties": {"orderId": {"type": "string"}},
+            "required": ["orderId"],
+        },
+        execute=lambda args: args,
+    )
+
+
+P06_SCRIPT = [
+    tool_call("call_1", "lookup_order", orderId="A-17", includeHistory=True),
+    tool_call("call_2", "echo_args", orderId="A-17", verbose=True, depth=2),
+    answer("Done."),
+]
+
+
+def test_p06_args_not_in_the_schema_reach_the_tool() -> None:
+    agent, provider = support_agent(P06_SCRIPT, tools=(lookup_order, echo_args_tool()))
+    result = agent.run({"message": "Where is my order A-17?", "identity": IDENTITY})
+    assert_replays("p06_args_not_in_schema", agent, provider, result)
+
+
+def test_p06_with_echo_args_written_with_tool_and_kwargs() -> None:
+    @tool(name="echo_args", description="Echo the arguments back.")
+    def echo(orderId: str, **rest: Any) -> dict[str, Any]:
+        return {"orderId": orderId, **rest}
+
+    agent, provider = support_agent(P06_SCRIPT, tools=(lookup_order, echo))
+    # @tool describes **rest as nothing, so the schema is the one the reference listed.
+    result = agent.run({"message": "Where is my order A-17?", "identity": IDENTITY})
+    assert_replays("p06_args_not_in_schema", agent, provider, result)
+
+
+@tool(description="Quote a price.")
+def quote(item: str, qty: float | None = None) -> dict[str, Any]:
+    return {"item": item, "qty": qty, "price": 12.5}
+
+
+def test_p07_two_tool_calls_in_one_reply() -> None:
+    both = LLMResponse(
+        content="Checking both.",
+        tool_calls=[
+            ToolCall(id="call_a", name="lookup_order", args={"orderId": "A-17"}),
+            ToolCall(id="call_b", name="quote", args={"item": "éclair", "qty": 3}),
+        ],
+    )
+    agent, provider = support_agent(
+        [both, answer("A-17 has shipped and 3 éclairs cost 12.5 each.")],
+        tools=(lookup_order, quote),
+    )
+    result = agent.run(
+        {"message": "Where is A-17, and what do 3 éclairs cost?", "identity": IDENTITY}
+    )
+    assert_replays("p07_two_tool_calls_one_response", agent, provider, result)

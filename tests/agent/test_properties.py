@@ -1,9 +1,11 @@
 """Properties of the codec over generated checkpoints: loading and writing is the identity on
-every valid v1 checkpoint (all optional fields, unknown keys included), and nothing but a
+every valid v1 checkpoint (all optional fields, unknown keys included) up to what JSON numbers
+are to the reference (one double each, written as JSON.stringify writes it), and nothing but a
 CheckpointFormatError ever escapes from loading arbitrary or damaged bytes (D6)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -11,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import AgentRunCheckpoint, CheckpointFormatError
+from agent.jsnumbers import js_number_text
 
 SETTINGS = settings(
     max_examples=200,
@@ -254,10 +257,39 @@ checkpoint_wire = st.builds(
 # round trips
 
 
+def as_doubles(value: Any) -> Any:
+    """Every number as the one double JavaScript holds for it: 2 and 2.0 are the same number
+    there, and so are 2**60 and 1152921504606847000."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, dict):
+        return {key: as_doubles(item) for key, item in value.items()}
+    return [as_doubles(item) for item in value]
+
+
+def written_numbers(data: bytes) -> list[str]:
+    """The text of every number token in JSON `data`, as written."""
+    tokens: list[str] = []
+
+    def keep(text: str) -> str:
+        tokens.append(text)
+        return text
+
+    json.loads(data, parse_int=keep, parse_float=keep)
+    return tokens
+
+
+def assert_written_as_the_reference_does(data: bytes) -> None:
+    for token in written_numbers(data):
+        assert token == js_number_text(float(token)), f"{token} is not how JavaScript writes it"
+
+
 @SETTINGS
 @given(checkpoint_wire)
 def test_from_dict_then_to_dict_is_the_identity(wire: dict[str, Any]) -> None:
-    assert AgentRunCheckpoint.from_dict(wire).to_dict() == wire
+    assert as_doubles(AgentRunCheckpoint.from_dict(wire).to_dict()) == as_doubles(wire)
 
 
 @SETTINGS
@@ -267,7 +299,17 @@ def test_from_json_of_to_json_is_the_identity(wire: dict[str, Any]) -> None:
     again = AgentRunCheckpoint.from_json(checkpoint.to_json())
     assert again == checkpoint
     assert again.to_json() == checkpoint.to_json()
-    assert AgentRunCheckpoint.from_json(orjson.dumps(wire)).to_dict() == wire
+    loaded = AgentRunCheckpoint.from_json(orjson.dumps(wire)).to_dict()
+    assert as_doubles(loaded) == as_doubles(wire)
+
+
+@SETTINGS
+@given(checkpoint_wire)
+def test_every_number_written_is_written_as_the_reference_writes_it(wire: dict[str, Any]) -> None:
+    # orjson.dumps(wire) writes Python's floats (2.0, -0.0, 1e-6): a checkpoint written with
+    # floats is written back as JavaScript would write it.
+    assert_written_as_the_reference_does(AgentRunCheckpoint.from_dict(wire).to_json())
+    assert_written_as_the_reference_does(AgentRunCheckpoint.from_json(orjson.dumps(wire)).to_json())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from agent import (
     AgentInput,
     AgentRunCheckpoint,
     CheckpointFormatError,
+    Compaction,
     ConversationMismatchError,
     Deny,
     InvalidRunInputError,
@@ -24,14 +25,18 @@ from agent import (
     LLMResponse,
     MessageDeniedError,
     NoConversationError,
+    ProgressKind,
+    ProgressReport,
     ProviderHTTPError,
     RunCheckpointError,
     RunInFlightError,
     ScriptedProvider,
     Tool,
     ToolAbort,
+    ToolCall,
     ToolContext,
 )
+from agent.runtime import WRAP_UP_INSTRUCTION
 from tests.agent.support import (
     IDENTITY,
     ORDER_ANSWER,
@@ -48,6 +53,7 @@ from tests.agent.support import (
     wire_checkpoint,
     wire_of,
 )
+from tests.conftest import COMPAT_DIR
 
 OTHER_IDENTITY = {"tenant": "globex", "principal": "user-7", "conversationId": "conv-777"}
 THIRD_IDENTITY = {"tenant": "initech", "principal": "user-9", "conversationId": "conv-999"}
@@ -248,30 +254,217 @@ def test_resume_on_error_restores_history_and_appends_nothing() -> None:
     assert "failurePoint" not in wire
 
 
+def budget_then_wrap_up(calls: int) -> list[LLMResponse]:
+    """A model that never stops calling tools, then the wrap-up call's answer (p01)."""
+    return [*endless_tool_calls(calls), answer("Here is what I found.")]
+
+
 @pytest.mark.parametrize("door", ["continue", "resume"])
 def test_both_doors_give_the_full_iteration_budget_again(door: str) -> None:
     stored = crash_checkpoint(lastCompletedIteration=9)
-    agent, provider = plain_agent(endless_tool_calls(3), tools=[lookup_order], max_iterations=3)
+    agent, provider = plain_agent(budget_then_wrap_up(3), tools=[lookup_order], max_iterations=3)
     if door == "continue":
         result = agent.run({"message": "And order A-18?", "continueFrom": stored})
     else:
         result = agent.resume_on_error(stored)
-    assert len(provider.requests) == 3
-    assert result.iterations == 3
+    # Three calls within the budget (two rounds ran), then the wrap-up call without tools.
+    assert len(provider.requests) == 4
+    assert [bool(r.tools) for r in provider.requests] == [True, True, True, False]
+    assert result.iterations == 4
+    assert result.content == "Here is what I found."
 
 
 @pytest.mark.parametrize("built", [0, -3, 2.5, "4", None])
 def test_a_max_iterations_below_one_or_not_an_integer_becomes_one(built: Any) -> None:
-    agent, provider = plain_agent(endless_tool_calls(5), tools=[lookup_order], max_iterations=built)
+    agent, provider = plain_agent(
+        budget_then_wrap_up(5), tools=[lookup_order], max_iterations=built
+    )
     agent.run("Where is my order?")
-    assert len(provider.requests) == 1
+    # One call, whose tool call is not run, then the wrap-up call.
+    assert len(provider.requests) == 2
+    assert provider.requests[1].tools == []
 
 
 def test_the_default_iteration_budget_is_ten() -> None:
-    provider = ScriptedProvider(endless_tool_calls(12))
+    provider = ScriptedProvider(budget_then_wrap_up(12))
     agent = Agent(provider=provider, model="mock-model", tools=[lookup_order])
-    agent.run("Where is my order?")
-    assert len(provider.requests) == 10
+    result = agent.run("Where is my order?")
+    assert len(provider.requests) == 11
+    assert result.iterations == 11 and result.stop_reason == "max_iterations"
+
+
+# ---------------------------------------------------------------------------------------------
+# the action budget (p01): what happens when max_iterations runs out mid-task
+
+
+class OrderLookups:
+    """lookup_order that records which orders it was asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.tool = Tool(
+            name="lookup_order",
+            description="Look up an order by id.",
+            input_schema={"type": "object", "properties": {"orderId": {"type": "string"}}},
+            execute=self.lookup,
+        )
+
+    def lookup(self, args: dict[str, Any]) -> dict[str, Any]:
+        self.asked.append(args["orderId"])
+        return {"orderId": args["orderId"], "status": "shipped"}
+
+
+def tool_messages(wire: dict[str, Any]) -> list[str]:
+    return [m["toolCallId"] for m in wire["history"] if m["role"] == "tool"]
+
+
+def test_the_budget_message_is_the_reference_text() -> None:
+    recorded = orjson.loads(
+        (COMPAT_DIR / "p01_max_iterations_wrap_up.checkpoint.json").read_bytes()
+    )
+    assert recorded["history"][11] == user(WRAP_UP_INSTRUCTION)
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3])
+def test_the_last_allowed_tool_call_is_not_run_and_one_more_call_goes_out_without_tools(
+    budget: int,
+) -> None:
+    orders = OrderLookups()
+    agent, provider = plain_agent(
+        [*endless_tool_calls(budget), answer("A-1 done; the rest not checked.")],
+        tools=[orders.tool],
+        max_iterations=budget,
+    )
+    result = agent.run("Check my orders.")
+    # Rounds 1..budget-1 ran; the budget-th call did not.
+    assert orders.asked == [f"A-{n}" for n in range(1, budget)]
+    assert len(provider.requests) == budget + 1
+    assert [bool(r.tools) for r in provider.requests] == [True] * budget + [False]
+    assert "tools" not in provider.requests[-1].to_dict()
+    wire = wire_of(agent)
+    rounds = wire["history"][1:-2]
+    assert len(rounds) == 2 * (budget - 1)
+    assert wire["history"][-2:] == [
+        user(WRAP_UP_INSTRUCTION),
+        assistant("A-1 done; the rest not checked."),
+    ]
+    assert sent_messages(provider, budget) == wire["history"][:-1]
+    assert f"call_{budget}" not in orjson.dumps(wire).decode(), "the unrun call is not kept"
+    assert wire["lastCompletedIteration"] == budget + 1 == result.iterations
+    assert result.content == "A-1 done; the rest not checked."
+    assert result.stop_reason == "max_iterations"
+
+
+def test_text_beside_the_last_allowed_tool_calls_is_not_kept() -> None:
+    fragment = LLMResponse(
+        content="A-1 has shipped. Let me check A-2 now:",
+        tool_calls=[ToolCall(id="call_2", name="lookup_order", args={"orderId": "A-2"})],
+    )
+    orders = OrderLookups()
+    agent, provider = plain_agent(
+        [tool_call("call_1", "lookup_order", orderId="A-1"), fragment, answer("A-1 has shipped.")],
+        tools=[orders.tool],
+        max_iterations=2,
+    )
+    result = agent.run("Check A-1 and A-2.")
+    assert orders.asked == ["A-1"]
+    assert result.content == "A-1 has shipped."
+    wire = wire_of(agent)
+    assert "Let me check A-2" not in orjson.dumps(wire).decode()
+    assert "Let me check A-2" not in orjson.dumps(provider.requests[-1].to_dict()).decode()
+    assert wire["history"][-2] == user(WRAP_UP_INSTRUCTION)
+
+
+def test_tool_calls_in_the_wrap_up_reply_are_not_run_either() -> None:
+    orders = OrderLookups()
+    stubborn = LLMResponse(
+        content="Still checking.",
+        tool_calls=[ToolCall(id="call_9", name="lookup_order", args={"orderId": "A-9"})],
+    )
+    agent, _ = plain_agent(
+        [tool_call("call_1", "lookup_order", orderId="A-1"), stubborn],
+        tools=[orders.tool],
+        max_iterations=1,
+    )
+    result = agent.run("Check A-1.")
+    assert orders.asked == [] and result.content == "Still checking."
+    assert wire_of(agent)["history"] == [
+        user("Check A-1."),
+        user(WRAP_UP_INSTRUCTION),
+        assistant("Still checking."),
+    ]
+
+
+def test_an_empty_wrap_up_answer_is_returned_and_not_appended() -> None:
+    agent, _ = plain_agent(
+        [*endless_tool_calls(1), answer("")], tools=[lookup_order], max_iterations=1
+    )
+    result = agent.run("Check A-1.")
+    assert result.content == "" and result.stop_reason == "max_iterations"
+    assert wire_of(agent)["history"] == [user("Check A-1."), user(WRAP_UP_INSTRUCTION)]
+
+
+def test_an_answer_on_the_last_allowed_call_is_just_the_answer() -> None:
+    agent, provider = plain_agent(
+        [*endless_tool_calls(1), answer("Shipped.")], tools=[lookup_order], max_iterations=2
+    )
+    result = agent.run("Check A-1.")
+    assert (result.content, result.stop_reason, result.iterations) == ("Shipped.", "answer", 2)
+    assert len(provider.requests) == 2
+    assert WRAP_UP_INSTRUCTION not in orjson.dumps(wire_of(agent)).decode()
+
+
+def test_an_agent_without_tools_is_cut_short_with_the_last_reply_text() -> None:
+    # Nothing to withhold, so no wrap-up call; before the budget ends such a call is unknown.
+    agent, provider = plain_agent(
+        [
+            tool_call("call_1", "teleport"),
+            LLMResponse(
+                content="I would teleport.", tool_calls=[ToolCall("call_2", "teleport", {})]
+            ),
+        ],
+        max_iterations=2,
+    )
+    result = agent.run("Go.")
+    assert len(provider.requests) == 2
+    assert (result.content, result.stop_reason) == ("I would teleport.", "max_iterations")
+    history = wire_of(agent)["history"]
+    assert history[2]["content"] == "Unknown tool: teleport"
+    assert history[-1] == assistant("I would teleport.")
+    assert WRAP_UP_INSTRUCTION not in orjson.dumps(history).decode()
+
+
+def test_a_crash_in_the_wrap_up_call_checkpoints_the_budget_message() -> None:
+    agent, _ = plain_agent(
+        [*endless_tool_calls(2), http_503()], tools=[lookup_order], max_iterations=2
+    )
+    error = crash_of(lambda: agent.run("Check my orders."))
+    checkpoint = error.checkpoint
+    assert checkpoint.history[-1] == user(WRAP_UP_INSTRUCTION)
+    assert tool_messages(checkpoint.to_dict()) == ["call_1"]
+    assert checkpoint.last_completed_iteration == 2
+    assert checkpoint.failure_point == {"iteration": 3, "phase": "llm", "stage": "call-llm"}
+    # Resuming re-sends that history, with the tools and a full budget again.
+    fresh, provider = plain_agent([answer("A-1 has shipped.")], tools=[lookup_order])
+    assert fresh.resume_on_error(checkpoint.to_json()).content == "A-1 has shipped."
+    assert sent_messages(provider) == checkpoint.history
+    assert provider.requests[0].tools
+
+
+def test_the_next_turn_after_a_wrap_up_offers_the_tools_again() -> None:
+    agent, provider = plain_agent(
+        [*endless_tool_calls(1), answer("Not checked."), answer("Hello again.")],
+        tools=[lookup_order],
+        max_iterations=1,
+    )
+    agent.run("Check A-1.")
+    agent.follow_up("Thanks.")
+    last = provider.requests[-1]
+    assert last.tools and last.messages[-3:] == [
+        user(WRAP_UP_INSTRUCTION),
+        assistant("Not checked."),
+        user("Thanks."),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1370,6 +1563,102 @@ def test_follow_up_and_resume_report_progress_too() -> None:
     agent.resume_on_error(crash_checkpoint(), on_progress=seen.append)
     assert seen[0].history[-1] == user("two")
     assert seen[1].history == tool_round_history()
+
+
+def test_on_report_names_what_moved_at_the_same_points_as_on_progress() -> None:
+    reports: list[ProgressReport] = []
+    checkpoints: list[AgentRunCheckpoint] = []
+    agent, _ = support_agent(
+        [lookup_call(), lookup_call(), answer(ORDER_ANSWER)],
+    )
+    agent.run(
+        {"message": "Where is my order A-17?", "identity": IDENTITY},
+        on_progress=checkpoints.append,
+        on_report=reports.append,
+    )
+    assert [r.kind for r in reports] == [
+        ProgressKind.SEEDED,
+        ProgressKind.ROUND,
+        ProgressKind.ROUND,
+    ]
+    assert [r.checkpoint for r in reports] == checkpoints, "the same checkpoints, in order"
+    assert all(r.checkpoint is c for r, c in zip(reports, checkpoints, strict=True))
+    assert [str(r.kind) for r in reports] == ["seeded", "round", "round"]
+
+
+def test_on_report_alone_and_on_progress_alone_each_work() -> None:
+    reports: list[ProgressReport] = []
+    agent, _ = plain_agent([answer("hi"), answer("again")])
+    agent.run("hello", on_report=reports.append)
+    assert [(r.kind, r.checkpoint.history) for r in reports] == [
+        (ProgressKind.SEEDED, [user("hello")])
+    ]
+    legacy: list[Any] = []
+    agent.follow_up("and?", on_progress=lambda checkpoint: legacy.append(checkpoint))
+    assert [type(c) for c in legacy] == [AgentRunCheckpoint]
+
+
+def test_a_fold_and_a_wrap_up_are_reported_by_kind() -> None:
+    reports: list[ProgressReport] = []
+    compaction = Compaction(max_messages=3, keep_last=1)
+    agent, _ = plain_agent(
+        [*endless_tool_calls(2), answer("done")],
+        tools=[lookup_order],
+        max_iterations=2,
+        compaction=compaction,
+    )
+    agent.run("Check my orders.", on_report=reports.append)
+    # Seeded; round 1's tool result; the wrap-up ask; then the wrap-up call's fold.
+    assert [r.kind for r in reports] == [
+        ProgressKind.SEEDED,
+        ProgressKind.ROUND,
+        ProgressKind.ROUND,
+        ProgressKind.FOLDED,
+    ]
+    assert reports[2].checkpoint.history[-1] == user(WRAP_UP_INSTRUCTION)
+    assert reports[3].checkpoint.folded
+
+
+def test_follow_up_and_resume_take_on_report_too() -> None:
+    reports: list[ProgressReport] = []
+    agent, _ = plain_agent([answer("a"), answer("b"), answer("c")])
+    agent.run("one")
+    agent.follow_up("two", on_report=reports.append)
+    agent.resume_on_error(crash_checkpoint(), on_report=reports.append)
+    assert [r.kind for r in reports] == [ProgressKind.SEEDED, ProgressKind.SEEDED]
+    assert reports[1].checkpoint.history == tool_round_history()
+
+
+def test_an_on_report_that_raises_stops_the_run_like_on_progress() -> None:
+    def hook(report: ProgressReport) -> None:
+        if report.kind is ProgressKind.ROUND:
+            raise OSError("redis went away")
+
+    agent, provider = support_agent([lookup_call(), lookup_call(), answer("never")])
+    error = crash_of(lambda: agent.run("Where is my order A-17?", on_report=hook))
+    assert isinstance(error.cause, OSError)
+    assert error.checkpoint.history == tool_round_history()
+    assert len(provider.requests) == 1, "the next iteration did not start"
+
+
+def test_when_on_progress_raises_on_report_is_not_called_for_that_point() -> None:
+    reports: list[ProgressReport] = []
+
+    def failing(checkpoint: AgentRunCheckpoint) -> None:
+        raise OSError("disk full")
+
+    agent, _ = plain_agent([answer("never")])
+    crash_of(lambda: agent.run("hello", on_progress=failing, on_report=reports.append))
+    assert reports == []
+
+
+def test_a_progress_report_is_a_frozen_value() -> None:
+    agent, _ = plain_agent([answer("hi")])
+    reports: list[ProgressReport] = []
+    agent.run("hello", on_report=reports.append)
+    with pytest.raises(AttributeError):
+        reports[0].kind = ProgressKind.ROUND  # type: ignore[misc]
+    assert ProgressKind("folded") is ProgressKind.FOLDED
 
 
 # ---------------------------------------------------------------------------------------------

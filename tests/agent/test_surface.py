@@ -34,6 +34,8 @@ PINNED_ALL = [
     "MessageDeniedError",
     "NoConversationError",
     "OpenAIChatProvider",
+    "ProgressKind",
+    "ProgressReport",
     "ProviderConnectionError",
     "ProviderError",
     "ProviderHTTPError",

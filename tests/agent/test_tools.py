@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import orjson
 import pytest
 
 from agent import Tool, ToolContext, tool
@@ -48,10 +49,26 @@ def tool_result_of(tool_: Tool, **args: Any) -> str:
         ({"price": 25.0, "rate": 0.5}, '{"price":25,"rate":0.5}'),
         ({"city": "Zürich", "emoji": "📦"}, '{"city":"Zürich","emoji":"📦"}'),
         (42, "42"),
-        (None, "null"),
+        (None, "(this tool returned no value)"),
         (False, "false"),
+        (True, "true"),
         ("plain text, as is", "plain text, as is"),
         ('{"already": "json"}', '{"already": "json"}'),
+        ("", ""),
+        (2.0, "2"),
+        (-0.0, "0"),
+        (12.5, "12.5"),
+        (1e21, "1e+21"),
+        (1e-7, "1e-7"),
+        (1e-6, "0.000001"),
+        (123456789012345680000.0, "123456789012345680000"),
+        (0.1 + 0.2, "0.30000000000000004"),
+        ([1.0, -0.0, [2.5]], "[1,0,[2.5]]"),
+        ((1, "a"), '[1,"a"]'),
+        ([], "[]"),
+        ({}, "{}"),
+        ({1: "one"}, '{"1":"one"}'),
+        ({"nothing": None}, '{"nothing":null}'),
     ],
 )
 def test_a_return_value_becomes_the_tool_message_as_the_reference_writes_it(
@@ -70,13 +87,129 @@ def test_a_tool_that_raises_reports_its_error_and_the_loop_goes_on() -> None:
     assert "inventory service timeout" in provider.requests[1].messages[-1]["content"]
 
 
+def test_an_exception_with_an_empty_message_is_an_empty_result() -> None:
+    def broken(args: dict[str, Any]) -> str:
+        raise RuntimeError()
+
+    failing = Tool(name="fetch", description="", input_schema={}, execute=broken)
+    assert tool_result_of(failing) == ""
+
+
+def test_a_value_json_cannot_hold_is_reported_not_a_crash() -> None:
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    assert tool_result_of(returning(cyclic)).startswith("[unstringifiable: ")
+
+
 def test_an_unknown_tool_is_reported_to_the_model_not_a_crash() -> None:
     agent, provider = plain_agent(
         [tool_call("call_1", "teleport"), answer("I cannot.")], tools=[returning("x")]
     )
     assert agent.run("go").content == "I cannot."
     reply = provider.requests[1].messages[-1]
-    assert reply["role"] == "tool" and reply["toolCallId"] == "call_1"
+    assert reply == {
+        "role": "tool",
+        "content": "Unknown tool: teleport",
+        "toolCallId": "call_1",
+        "toolName": "teleport",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# args: as the model sent them, never checked against the schema (p06)
+
+
+def recording_tool(seen: list[dict[str, Any]]) -> Tool:
+    def record(args: dict[str, Any]) -> str:
+        seen.append(args)
+        return "ok"
+
+    return Tool(
+        name="fetch",
+        description="",
+        input_schema={
+            "type": "object",
+            "properties": {"id": {"type": "string"}},
+            "required": ["id"],
+        },
+        execute=record,
+    )
+
+
+def test_a_tool_gets_every_arg_the_model_sent_schema_or_not() -> None:
+    seen: list[dict[str, Any]] = []
+    tool_result_of(recording_tool(seen), id="A-1", extra=True, nested={"deep": [1]})
+    assert seen == [{"id": "A-1", "extra": True, "nested": {"deep": [1]}}]
+
+
+def test_missing_and_mistyped_args_are_not_refused_either() -> None:
+    seen: list[dict[str, Any]] = []
+    tool_result_of(recording_tool(seen), id=17)
+    tool_result_of(recording_tool(seen))
+    assert seen == [{"id": 17}, {}]
+
+
+def test_a_tool_gets_numbers_as_the_reference_holds_them() -> None:
+    seen: list[dict[str, Any]] = []
+    tool_result_of(recording_tool(seen), whole=2.0, zero=-0.0, small=1.5e-6, big=1e21)
+    (args,) = seen
+    assert args == {"whole": 2, "zero": 0, "small": 1.5e-6, "big": 1e21}
+    assert [type(v) for v in args.values()] == [int, int, float, float]
+
+
+def test_a_decorated_function_ignores_args_it_does_not_declare() -> None:
+    assert tool_result_of(book_table, party=2, when="20:00", vip=True) == (
+        '{"party":2,"when":"20:00","area":"inside"}'
+    )
+
+
+def test_a_decorated_function_with_kwargs_gets_the_undeclared_args() -> None:
+    @tool
+    def echo(orderId: str, **rest: Any) -> dict[str, Any]:
+        """Echo the arguments back."""
+        return {"orderId": orderId, **rest}
+
+    assert echo.spec()["inputSchema"] == {
+        "type": "object",
+        "properties": {"orderId": {"type": "string"}},
+        "required": ["orderId"],
+    }
+    assert tool_result_of(echo, orderId="A-17", verbose=True, depth=2) == (
+        '{"orderId":"A-17","verbose":true,"depth":2}'
+    )
+
+
+def test_a_decorated_function_missing_a_required_arg_reports_it() -> None:
+    assert tool_result_of(book_table, when="20:00") == "missing required arguments ['party']"
+
+
+def test_a_model_arg_cannot_stand_in_for_the_context() -> None:
+    seen: list[Any] = []
+
+    @tool
+    def whoami(ctx: ToolContext, **rest: Any) -> str:
+        """Say who is asking."""
+        seen.append((ctx, rest))
+        return "ok"
+
+    tool_result_of(whoami, ctx="forged", note="hi")
+    ((ctx, rest),) = seen
+    assert isinstance(ctx, ToolContext) and rest == {"note": "hi"}
+
+
+def test_a_schema_is_sent_with_the_references_numbers() -> None:
+    bounded = Tool(
+        name="fetch",
+        description="",
+        input_schema={"type": "object", "properties": {"n": {"type": "number", "minimum": 0.0}}},
+        execute=lambda args: "ok",
+    )
+    agent, provider = plain_agent([answer("ok")], tools=[bounded])
+    agent.run("go")
+    assert orjson.dumps(provider.requests[0].tools) == (
+        b'[{"name":"fetch","description":"","inputSchema":{"type":"object",'
+        b'"properties":{"n":{"type":"number","minimum":0}}}}]'
+    )
 
 
 # ---------------------------------------------------------------------------------------------

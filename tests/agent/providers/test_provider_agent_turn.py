@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from provider_servers import ANTHROPIC_KEY, OPENAI_KEY, ScriptedServer
 
@@ -154,3 +155,103 @@ def test_anthropic_turn_survives_an_overload_and_resumes_with_thinking_intact(
                 }
             ],
         }
+
+
+# ---------------------------------------------------------------------------------------------
+# what the providers send in the reference's cases: no system prompt and no tools (p04), the
+# reference's numbers (p05), and the wrap-up call with the tools withheld (p01)
+
+
+def openai_reply(content: str | None, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return {"choices": [{"message": message, "finish_reason": "tool_calls" if calls else "stop"}]}
+
+
+def openai_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def anthropic_reply(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    tool_use = any(b["type"] == "tool_use" for b in blocks)
+    return {"content": blocks, "stop_reason": "tool_use" if tool_use else "end_turn"}
+
+
+def test_openai_without_system_prompt_or_tools_sends_neither(server: ScriptedServer) -> None:
+    server.reply(200, openai_reply("Hello! How can I help you today?"))
+    provider = OpenAIChatProvider("gpt-test", base_url=f"{server.origin}/v1", api_key=OPENAI_KEY)
+    Agent(provider=provider, model="gpt-test").run("Hi there")
+    assert server.received[0].json() == {
+        "model": "gpt-test",
+        "messages": [{"role": "user", "content": "Hi there"}],
+    }
+
+
+def test_anthropic_without_system_prompt_or_tools_sends_neither(server: ScriptedServer) -> None:
+    server.reply(200, anthropic_reply([{"type": "text", "text": "Hello!"}]))
+    provider = AnthropicProvider("claude-test", api_key=ANTHROPIC_KEY, base_url=server.origin)
+    Agent(provider=provider, model="claude-test").run("Hi there")
+    body = server.received[0].json()
+    assert "system" not in body and "tools" not in body
+    assert body["messages"] == [{"role": "user", "content": "Hi there"}]
+
+
+@tool
+def measure(**numbers: float) -> dict[str, Any]:
+    """Echo the numbers back."""
+    return numbers
+
+
+def test_openai_numbers_go_back_as_the_reference_writes_them(server: ScriptedServer) -> None:
+    arguments = '{"qty": 2.0, "neg": -0.0, "tiny": 1e-6, "big": 1E21}'
+    server.reply(200, openai_reply(None, [openai_call("call_1", "measure", arguments)]))
+    server.reply(200, openai_reply("Measured."))
+    provider = OpenAIChatProvider("gpt-test", base_url=f"{server.origin}/v1", api_key=OPENAI_KEY)
+    agent = Agent(provider=provider, model="gpt-test", tools=[measure])
+    agent.run("Measure it.")
+    second = server.received[1].body
+    expected = '{"qty":2,"neg":0,"tiny":0.000001,"big":1e+21}'
+    assert orjson.dumps(expected).decode() in second.decode(), "the call's arguments"
+    assert second.count(orjson.dumps(expected)) == 2, "...and the tool's result"
+    checkpoint = agent.checkpoint()
+    assert checkpoint is not None
+    assert expected.encode() in checkpoint.to_json()
+
+
+def test_anthropic_numbers_go_back_as_the_reference_writes_them(server: ScriptedServer) -> None:
+    server.reply(
+        200,
+        anthropic_reply(
+            [{"type": "tool_use", "id": "toolu_1", "name": "measure", "input": {"qty": 2.0}}]
+        ),
+    )
+    server.reply(200, anthropic_reply([{"type": "text", "text": "Measured."}]))
+    provider = AnthropicProvider("claude-test", api_key=ANTHROPIC_KEY, base_url=server.origin)
+    Agent(provider=provider, model="claude-test", tools=[measure]).run("Measure it.")
+    second = server.received[1].body
+    assert b'"input":{"qty":2}' in second
+    assert b'"content":"{\\"qty\\":2}"' in second
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_the_wrap_up_call_withholds_the_tools(server: ScriptedServer, kind: str) -> None:
+    if kind == "openai":
+        server.reply(
+            200, openai_reply(None, [openai_call("call_1", "get_weather", '{"city":"Paris"}')])
+        )
+        server.reply(200, openai_reply("Paris was not checked."))
+        provider: Any = OpenAIChatProvider(
+            "gpt-test", base_url=f"{server.origin}/v1", api_key=OPENAI_KEY
+        )
+    else:
+        use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "P"}}
+        server.reply(200, anthropic_reply([use]))
+        server.reply(200, anthropic_reply([{"type": "text", "text": "Paris was not checked."}]))
+        provider = AnthropicProvider("claude-test", api_key=ANTHROPIC_KEY, base_url=server.origin)
+    agent = Agent(provider=provider, model="m", tools=[get_weather], max_iterations=1)
+    result = agent.run("Weather in Paris?")
+    assert result.content == "Paris was not checked."
+    first, wrap_up = (r.json() for r in server.received)
+    assert "tools" in first and "tools" not in wrap_up
+    assert "action budget for this turn is exhausted" in str(wrap_up["messages"][-1])
