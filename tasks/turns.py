@@ -40,9 +40,10 @@ from agent import (
     ConversationMismatchError,
     InvalidRunInputError,
     MessageDeniedError,
+    ProgressKind,
+    ProgressReport,
     RunCheckpointError,
     can_resume,
-    is_compacted_summary,
 )
 from tasks.app import app
 from tasks.context import JobContext, job_context
@@ -182,18 +183,6 @@ def submit_turn(turn_id: str, kwargs: Any, *, checkpoint: bytes = b"", replay_of
     run_turn.apply_async(kwargs=kwargs if isinstance(kwargs, dict) else {}, task_id=turn_id)
 
 
-def completed_rounds(history: list[dict[str, Any]]) -> int:
-    """Tool rounds this turn has completed, counted back to its user message: the turn's
-    iteration in flight is one more, across resumes (a run's own counter restarts at 1)."""
-    rounds = 0
-    for message in reversed(history):
-        if message.get("role") == "user" and not is_compacted_summary(message):
-            break
-        if message.get("role") == "assistant" and message.get("toolCalls"):
-            rounds += 1
-    return rounds
-
-
 def wake(turn_id: str | None, namespace: str | None = None) -> None:
     """Publish a wake-up for a turn (its namespace, when known, spares the worker a lookup)."""
     if turn_id is None:
@@ -279,7 +268,11 @@ class _Turn:
         self.attempt = record.attempt
         self.stored = stored
         self.last_checkpoint: AgentRunCheckpoint | None = None
-        self.reported = False
+        # Whether the seeded report is worth a write: only when a time layer fixed the turn's
+        # clock, since otherwise a fresh start rebuilds everything it holds.
+        self.persist_seed = False
+        # The turn's iteration in flight, across attempts: each completed round starts the next.
+        self.iteration = record.iteration or 1
         self.result: AgentResult | None = None
 
     def attempt_once(self) -> Decision:
@@ -316,15 +309,13 @@ class _Turn:
             # progress; tools of completed iterations do not run again.
             checkpoint = AgentRunCheckpoint.from_json(self.record.checkpoint)
             self.last_checkpoint = checkpoint
-            return agent.resume_on_error(checkpoint, time=request.time, on_progress=self.persist)
+            return agent.resume_on_error(checkpoint, time=request.time, on_report=self.persist)
         stored = None
         if self.stored is not None:
             key = self.ctx.store.key(self.namespace)
             stored = read_envelope(self.stored, key, self.namespace)
         self.last_checkpoint = stored
-        # The seeded checkpoint holds nothing a fresh start would not rebuild, unless a time
-        # layer fixed the turn's clock: skip that write.
-        self.reported = agent.time_layer is not None
+        self.persist_seed = agent.time_layer is not None
         turn_input = AgentInput(
             message=request.message,
             continue_from=stored,
@@ -332,22 +323,22 @@ class _Turn:
             message_from=request.message_from,
             time=request.time,
         )
-        return agent.run(turn_input, on_progress=self.persist)
+        return agent.run(turn_input, on_report=self.persist)
 
-    def persist(self, checkpoint: AgentRunCheckpoint) -> None:
-        """Write progress before the next iteration's tools run (docs/jobs.md, crash safety)."""
-        self.last_checkpoint = checkpoint
-        if not self.reported:
-            self.reported = True
+    def persist(self, report: ProgressReport) -> None:
+        """Write progress before the next iteration's tools run (docs/jobs.md, guarantee 3)."""
+        self.last_checkpoint = report.checkpoint
+        if report.kind is ProgressKind.SEEDED and not self.persist_seed:
             return
-        iteration = completed_rounds(checkpoint.history) + 1
+        if report.kind is ProgressKind.ROUND:
+            self.iteration += 1
         if not self.ctx.records.renew(
             self.turn_id,
             self.namespace,
             self.token,
             self.ctx.settings.lease_ttl_s,
-            checkpoint=checkpoint.to_json(),
-            iteration=iteration,
+            checkpoint=report.checkpoint.to_json(),
+            iteration=self.iteration,
         ):
             raise LeaseLost(self.turn_id)
 
