@@ -6,7 +6,8 @@ checkpoint fails at the door with a `CheckpointFormatError` naming the field, ne
 
 The nested values (history messages, identity, ledger rows...) stay plain wire-shape data:
 the runtime treats them as immutable and builds new dicts instead of editing them. Unknown keys,
-top-level (kept in `extra`) and inside messages, are carried through unchanged (CHECKPOINT.md D2).
+top-level (kept in `extra`) and inside messages, are carried through unchanged
+(docs/checkpoint.md, D2).
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def _fail(field_name: str, problem: str) -> CheckpointFormatError:
 
 
 def validate_checkpoint(value: object) -> None:
-    """Raise CheckpointFormatError naming the first field that is wrong (CHECKPOINT.md 1.3)."""
+    """Raise CheckpointFormatError naming the first field that is wrong
+    (docs/checkpoint.md, "Validation")."""
     _validate(value)
 
 

@@ -1,4 +1,5 @@
-"""The time layer: reading a turn's `time` input and fixing the turn's clock (CHECKPOINT.md 3.3).
+"""The time layer: reading a turn's `time` input and fixing the turn's clock
+(docs/checkpoint.md, "The time input").
 
 Only an agent built with `time=TimeLayer(...)` accepts a `time` input. The zone is the run's,
 else the layer's; with neither, the run is refused: the server's zone is never used.

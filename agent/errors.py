@@ -15,7 +15,8 @@
         ├── ProviderConnectionError no connection, or it broke
         └── ProviderResponseError   an answer that could not be read
 
-`can_resume` (CHECKPOINT.md 2.3) and `classify_failure_phase` (2.2) read any exception, not only
+`can_resume` (docs/checkpoint.md, "Resumability") and `classify_failure_phase` (docs/checkpoint.md,
+"Failure phase classification") read any exception, not only
 these: providers of other libraries raise their own types.
 """
 
@@ -148,7 +149,7 @@ class RunCheckpointError(AgentError):
 
 
 # ---------------------------------------------------------------------------------------------
-# can_resume (CHECKPOINT.md 2.3)
+# can_resume (docs/checkpoint.md, "Resumability")
 
 _CONTEXT_WINDOW = re.compile(
     r"context_length_exceeded"
@@ -257,7 +258,8 @@ def resume_advice(err: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# failure phase (CHECKPOINT.md 2.2), used when no llm/tool bracket was open
+# failure phase (docs/checkpoint.md, "Failure phase classification"), used when no llm/tool
+# bracket was open
 
 _LLM_NAMES = {"AnthropicError", "OpenAIError", "BedrockError"}
 _LLM_WORDS = re.compile(r"\b(?:LLM|provider|anthropic|openai|bedrock)\b", re.I | re.ASCII)

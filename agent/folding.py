@@ -1,7 +1,8 @@
 """Folded spans: fnv1a fingerprints, joining a summary to its span, and compaction.
 
 A summary message is joined to its span by the fingerprint of its whole content, never by
-index, because every later fold moves the indexes after it (CHECKPOINT.md 2.12).
+index, because every later fold moves the indexes after it
+(docs/checkpoint.md, "Folding").
 """
 
 from __future__ import annotations

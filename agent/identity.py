@@ -1,4 +1,5 @@
-"""Caller identity: validation at the door and the storage namespace (CHECKPOINT.md 2.7, 4)."""
+"""Caller identity: validation at the door and the storage namespace (docs/checkpoint.md,
+"Identity" and "Memory namespace")."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from agent.jsnumbers import js_json
 
 Message = dict[str, Any]
 
-# Keys that belong to the record but never reach a provider (CHECKPOINT.md D9).
+# Keys that belong to the record but never reach a provider (docs/checkpoint.md, D9).
 _RECORD_ONLY_KEYS = ("injectedBy",)
 
 

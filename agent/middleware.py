@@ -1,4 +1,5 @@
-"""The 'input' middleware chain (CHECKPOINT.md 3.4): run once per run, before any model call.
+"""The 'input' middleware chain (docs/checkpoint.md, "The input middleware chain"): run once
+per run, before any model call.
 
 A link is `link(message, ctx) -> None | str | Deny`. None lets the message through unchanged,
 a str rewrites it, `Deny(reason)` denies the run. Anything else it returns, or an exception it

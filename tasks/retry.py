@@ -1,4 +1,5 @@
-"""The backoff policy: one function, the only place a retry delay is computed (JOBS.md 4)."""
+"""The backoff policy: one function, the only place a retry delay is computed
+(docs/jobs.md, guarantee 4)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The conversation store: each conversation's latest checkpoint in the reference runtime's
 session envelope, `{"format": "conversation-v1", "data": <checkpoint>, "savedAt": <epoch ms>}`,
-under a key holding the identity namespace (tenant/principal/conversationId, CHECKPOINT.md 4).
+under a key holding the identity namespace (tenant/principal/conversationId,
+docs/checkpoint.md, "Memory namespace").
 
 Two tenants with the same conversation id have different namespaces, so different keys; a
 record whose own identity names another namespace is refused, never served.

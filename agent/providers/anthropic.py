@@ -2,7 +2,8 @@
 
 Thinking blocks go back to the API exactly as they came (Anthropic refuses a tool round whose
 thinking signature changed), first in the assistant turn. Only the keys this mapping knows are
-sent; anything else on a history message stays in the record (CHECKPOINT.md D9).
+sent; anything else on a history message stays in the record
+(docs/checkpoint.md, D9).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """OpenAI Chat Completions (and compatible servers: vLLM, Ollama, LiteLLM, Azure-style proxies).
 
 Only the keys this mapping knows are sent; anything else on a history message stays in the record
-(CHECKPOINT.md D9) and never reaches the wire.
+(docs/checkpoint.md, D9) and never reaches the wire.
 """
 
 from __future__ import annotations

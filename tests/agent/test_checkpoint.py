@@ -1,4 +1,5 @@
-"""AgentRunCheckpoint v1: the one validator (CHECKPOINT.md 1.3), the wire shape (1.1, 1.2) and
+"""AgentRunCheckpoint v1 (docs/checkpoint.md): the one validator ("Validation"), the wire shape
+("Top-level keys", "Serialization", "Nested shapes") and
 the codec. Every refusal is a CheckpointFormatError whose `.field` names what is wrong."""
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def test_a_valid_checkpoint_loads_through_every_door() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 1.3, check by check
+# "Validation", check by check
 
 
 @pytest.mark.parametrize("value", [None, [], [wire_checkpoint()], "checkpoint", 1, True, 0.5])
@@ -156,7 +157,7 @@ def test_check_5_original_input_message_must_be_a_string(value: Any) -> None:
 
 
 def test_check_5_an_empty_original_message_is_still_a_string() -> None:
-    # checkpoint() writes '' when the state has no userMessage (1.5).
+    # checkpoint() writes '' when the state has no userMessage ("The two writers").
     assert loads(wire_checkpoint(originalInput={"message": ""})).original_input == {"message": ""}
 
 
@@ -396,7 +397,7 @@ def history_error(*messages: Any) -> CheckpointFormatError:
 
 
 def test_check_10_a_missing_content_is_named_at_its_index() -> None:
-    # §5 item 2
+    # "Edge cases", item 2
     error = history_error({"role": "user"})
     assert error.field == "history[0]"
     assert "content" in str(error) and "missing" in str(error)
@@ -436,13 +437,14 @@ def test_check_10_a_message_must_be_an_object(message: Any) -> None:
 
 
 def test_check_10_role_is_only_checked_to_be_a_string() -> None:
-    # The validator does not police the role enum (1.2): a later build's role still loads.
+    # The validator does not police the role enum ("Nested shapes"): a later build's
+    # role still loads.
     checkpoint = loads(wire_checkpoint(history=[{"role": "developer", "content": ""}]))
     assert checkpoint.history == [{"role": "developer", "content": ""}]
 
 
 def test_checks_run_in_the_order_of_the_spec() -> None:
-    # Every check fails; fixing them one at a time must reveal them in 1.3 order.
+    # Every check fails; fixing them one at a time must reveal them in the order of "Validation".
     broken: dict[str, Any] = {
         "version": 2,
         "runId": 5,
@@ -529,7 +531,7 @@ def test_carried_fields_round_trip_unchanged() -> None:
 
 
 def test_unknown_top_level_keys_are_accepted_and_written_back() -> None:
-    # §5 item 3
+    # "Edge cases", item 3
     payload = wire_checkpoint(futureThing=1, nextGen={"spans": [1, 2], "note": None})
     checkpoint = loads(payload)
     assert checkpoint.to_dict() == payload
@@ -560,7 +562,7 @@ def test_unknown_keys_inside_messages_are_carried() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 1.1: serialization
+# "Serialization"
 
 
 def test_a_checkpoint_with_nothing_optional_writes_only_the_required_keys() -> None:
@@ -692,7 +694,8 @@ def test_from_dict_never_accepts_a_number_json_cannot_write(fields: dict[str, An
 def test_an_odd_failure_point_never_escapes_as_a_bare_type_error(
     failure_point: dict[str, Any],
 ) -> None:
-    # The validator need not check failurePoint (1.3), but D6: a load fails by name or succeeds.
+    # The validator need not check failurePoint ("Validation"), but D6: a load fails by name
+    # or succeeds.
     try:
         checkpoint = AgentRunCheckpoint.from_dict(wire_checkpoint(failurePoint=failure_point))
     except CheckpointFormatError as error:

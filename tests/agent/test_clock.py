@@ -1,4 +1,5 @@
-"""The time layer (CHECKPOINT.md 3.3): who accepts a `time` input, how it is read, the turn's
+"""The time layer (docs/checkpoint.md, "The time input"): who accepts a `time` input,
+how it is read, the turn's
 clock row, and the clock staying frozen when a failed turn is resumed."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.agent.support import answer, plain_agent, system_prompts, wire_of
 NOW = "2026-11-30T09:00:00Z"
 LATER = "2026-12-01T18:30:00Z"
 PARIS = "Europe/Paris"
-# What the spec calls a strict instant: date, uppercase T, time, then Z or an offset.
+# What docs/checkpoint.md calls a strict instant: date, uppercase T, time, then Z or an offset.
 STRICT_INSTANT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")
 
 

@@ -1,5 +1,7 @@
-"""The error tree's promises: can_resume (CHECKPOINT.md 2.3) and the failure-phase classifier
-used when no llm/tool bracket was open (2.2). Both read any exception, not only ours."""
+"""The error tree's promises: can_resume (docs/checkpoint.md, "Resumability") and the
+failure-phase classifier
+used when no llm/tool bracket was open ("Failure phase classification"). Both read any
+exception, not only ours."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def chained(depth: int, innermost: BaseException, via: str = "cause") -> BaseExc
 
 
 # ---------------------------------------------------------------------------------------------
-# §5 item 10 and the three classes
+# "Edge cases", item 10, and the three classes of "Resumability"
 
 
 def test_edge_case_10_status_429_is_resumable() -> None:
@@ -216,7 +218,7 @@ def test_a_run_checkpoint_error_is_judged_by_its_cause() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# classify_failure_phase (2.2): used only when no bracket was open
+# classify_failure_phase ("Failure phase classification"): used only when no bracket was open
 
 
 @pytest.mark.parametrize(

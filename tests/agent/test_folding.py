@@ -1,4 +1,5 @@
-"""Folded spans (CHECKPOINT.md 2.12, D4, D8): fnv1a over UTF-16 code units, joining a summary
+"""Folded spans (docs/checkpoint.md, "Folding", D4, D8): fnv1a over UTF-16 code units,
+joining a summary
 to its span by fingerprint, compaction writing spans, and every agent keeping them."""
 
 from __future__ import annotations
@@ -232,7 +233,8 @@ def test_d4_holds_after_a_second_fold_and_spans_stay_oldest_first() -> None:
 
 
 def test_every_span_written_is_reachable_from_its_own_summary() -> None:
-    # The join is by fingerprint only and the first match wins (2.12): two folds whose summaries
+    # The join is by fingerprint only and the first match wins ("Folding"): two folds whose
+    # summaries
     # read the same would leave the later span unreachable from any message in history.
     agent, _ = compacting_agent(rounds(5))
     agent.run("Where are my five orders?")

@@ -1,4 +1,5 @@
-"""The storage namespace of an identity (CHECKPOINT.md §4): injective, absent parts as `_`,
+"""The storage namespace of an identity (docs/checkpoint.md, "Memory namespace"):
+injective, absent parts as `_`,
 and a field that is not a string refused without quoting it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Agent: the doors (run, run(continue_from), follow_up, resume_on_error, checkpoint) and the
-loop, against CHECKPOINT.md §2 and the project decisions D1-D10."""
+loop, against the door rules of docs/checkpoint.md and its Decisions D1-D10."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def whoami_then(text: str) -> list[LLMResponse]:
 
 
 # ---------------------------------------------------------------------------------------------
-# a fresh run and checkpoint() (1.5)
+# a fresh run and checkpoint() ("The two writers")
 
 
 def test_checkpoint_is_none_before_any_run() -> None:
@@ -210,7 +210,7 @@ def test_mutating_a_returned_checkpoint_does_not_touch_the_agent() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 2.9: what each door restores and what starts fresh
+# "What each door restores": what is carried and what starts fresh
 
 
 @pytest.mark.parametrize(
@@ -468,7 +468,7 @@ def test_the_next_turn_after_a_wrap_up_offers_the_tools_again() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 2.10: turn numbers
+# "Turn numbers"
 
 
 def history_with_users(count: int) -> list[dict[str, Any]]:
@@ -530,7 +530,7 @@ def test_a_stored_turn_number_drives_resume_as_the_same_turn() -> None:
 
 
 def test_a_stored_turn_number_replaces_the_user_count_floor() -> None:
-    # GUESS (2.10), the decision the runtime takes: the stored number wins even when the
+    # GUESS ("Turn numbers"), the decision the runtime takes: the stored number wins even when the
     # history (trimmed or rebuilt elsewhere) holds more user messages.
     stored = wire_checkpoint(history=history_with_users(5), turnNumber=2)
     agent, _ = plain_agent([answer("ok")])
@@ -574,7 +574,7 @@ def test_a_hop_through_an_old_worker_falls_back_to_the_user_count() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 2.7: identity
+# "Identity"
 
 
 def identity_seen(recorder: ContextRecorder) -> list[Any]:
@@ -690,7 +690,7 @@ def test_a_malformed_caller_identity_is_refused_before_the_run(identity: Any) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# 2.8: agent-id mismatch
+# "Agent-id mismatch"
 
 
 def billing_checkpoint() -> dict[str, Any]:
@@ -750,7 +750,7 @@ def test_changing_tools_prompt_or_model_is_never_a_mismatch() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 2.2 / D1: RunCheckpointError and failurePoint
+# "Crash checkpoints" / D1: RunCheckpointError and failurePoint
 
 
 def test_edge_case_5_a_first_call_failure_of_a_fresh_run_checkpoints_d1() -> None:
@@ -895,7 +895,7 @@ def test_a_crash_checkpoint_holds_no_answer_and_stays_valid_json() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# checkpoint() after a failure (1.5, §5 item 8)
+# checkpoint() after a failure ("The two writers"; "Edge cases", item 8)
 
 
 def test_edge_case_8_checkpoint_after_a_failed_run_has_no_stale_answer() -> None:
@@ -916,7 +916,7 @@ def test_checkpoint_after_a_failed_tool_round_keeps_the_committed_rounds() -> No
 
 
 # ---------------------------------------------------------------------------------------------
-# 2.13: RunInFlightError
+# "Concurrency and refusals": RunInFlightError
 
 
 class Gate:
@@ -1034,7 +1034,7 @@ def test_two_instances_may_continue_the_same_checkpoint_at_once() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 2.6 / D3: follow_up and NoConversationError
+# "The follow_up door" / D3: follow_up and NoConversationError
 
 
 def no_conversation(agent: Agent) -> NoConversationError:
@@ -1108,7 +1108,7 @@ def test_follow_up_continues_the_last_checkpoint() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 2.1: InvalidRunInputError
+# "The run door": InvalidRunInputError
 
 
 @pytest.mark.parametrize(
@@ -1265,7 +1265,7 @@ def test_a_bad_option_at_a_door_changes_nothing(door: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §5 item 9
+# "Edge cases", item 9
 
 
 def test_edge_case_9_resume_with_an_empty_history_replays_the_original_message() -> None:
@@ -1277,7 +1277,7 @@ def test_edge_case_9_resume_with_an_empty_history_replays_the_original_message()
 
 
 # ---------------------------------------------------------------------------------------------
-# 3.4: the input middleware chain
+# "The input middleware chain"
 
 
 def test_a_link_that_returns_none_lets_the_message_through() -> None:
@@ -1394,7 +1394,7 @@ def test_a_denial_after_an_allowing_link_still_denies() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the evidence-repair budget (2.9)
+# the evidence-repair budget ("What each door restores")
 
 CITE = "Revise: cite the tool result that supports each claim."
 
@@ -1701,7 +1701,8 @@ def carried_of(wire: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("door", ["continue", "resume", "follow_up"])
 def test_every_agent_carries_ledger_claims_folded_and_unknown_keys(door: str) -> None:
-    # An agent with no findings, verification or compaction layer keeps them all (D2, D7, 2.12).
+    # An agent with no findings, verification or compaction layer keeps them all
+    # (D2, D7, "Folding").
     stored = crash_checkpoint(**CARRIED)
     agent, _ = plain_agent([answer("a"), answer("b")])
     if door == "continue":

@@ -1,4 +1,5 @@
-"""skillCursor (CHECKPOINT.md 1.1, 2.11): honoured and written only under a skill graph with
+"""skillCursor (docs/checkpoint.md, "Top-level keys" and "Skill cursor"): honoured and
+written only under a skill graph with
 continuity 'conversation'; an id the graph does not know is dropped (a cold start)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The public surface users code against (spec/API.md, the `agent` section): pinned."""
+"""The public surface users code against (docs/api.md, section "agent"): pinned."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def api_import_block() -> list[str]:
     text = API_MD.read_text(encoding="utf-8")
     section = text.split("## agent", 1)[1].split("\n## ", 1)[0]
     match = re.search(r"from agent import \((.*?)\)", section, re.S)
-    assert match, "API.md's agent section has no `from agent import (...)` block"
+    assert match, "docs/api.md's agent section has no `from agent import (...)` block"
     return [name.strip() for name in match.group(1).replace("\n", " ").split(",") if name.strip()]
 
 

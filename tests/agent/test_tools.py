@@ -1,4 +1,5 @@
-"""Tools (API.md): what a tool's return value becomes in history, what its ToolContext holds,
+"""Tools (docs/api.md, "Tools"): what a tool's return value becomes in history, what its
+ToolContext holds,
 and how @tool describes a function to the model."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Backoff (JOBS.md guarantee 4): the delay policy, and a retry waiting out its backoff that
+"""Backoff (docs/jobs.md, guarantee 4): the delay policy, and a retry waiting out its backoff that
 survives a worker SIGKILL and still runs on time."""
 
 from __future__ import annotations

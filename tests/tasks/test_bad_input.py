@@ -1,4 +1,4 @@
-"""Guarantee 6 (JOBS.md): bad input never crashes a worker or loops. Each case ends as a
+"""Guarantee 6 (docs/jobs.md): bad input never crashes a worker or loops. Each case ends as a
 dead-letter entry with its reason and a clear message, and nothing else is touched."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Crash safety (JOBS.md guarantee 3): SIGKILL of a worker process mid-turn loses at most the
+"""Crash safety (docs/jobs.md, guarantee 3): SIGKILL of a worker process mid-turn loses at
+most the
 iteration in flight, and the turn resumes from its last persisted iteration within a bounded
 delay (the lease TTL, then the pump's next tick), not Redis's visibility timeout.
 

@@ -1,4 +1,5 @@
-"""Guarantees 1 and 2 (JOBS.md): nothing is lost, and turns of one conversation run one at a
+"""Guarantees 1 and 2 (docs/jobs.md): nothing is lost, and turns of one conversation run one
+at a
 time in submission order, against a real Redis and real worker processes."""
 
 from __future__ import annotations

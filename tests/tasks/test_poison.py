@@ -1,4 +1,4 @@
-"""Poison turns (JOBS.md guarantee 5): a turn that kills its worker every time it runs is
+"""Poison turns (docs/jobs.md, guarantee 5): a turn that kills its worker every time it runs is
 dead-lettered as `poison` after AGENTJOBS_MAX_DELIVERIES crashed deliveries, instead of being
 redelivered forever, and the worker keeps serving other turns."""
 

@@ -1,4 +1,5 @@
-"""A provider's `retry-after` reaches the job system (JOBS.md guarantee 4): a turn on the real
+"""A provider's `retry-after` reaches the job system (docs/jobs.md, guarantee 4):
+a turn on the real
 OpenAI provider that gets HTTP 429 with `retry-after: 2` resumes no earlier than 2 s later (the
 test settings' own backoff would be 0.1-0.2 s), then succeeds.
 
@@ -139,6 +140,6 @@ def test_a_429_with_retry_after_resumes_no_earlier_than_asked(
     assert waited_ms >= RETRY_AFTER_S * 1000
     assert record.started_at_ms >= record.due_at_ms
     assert "HTTP 429" in record.last_error
-    # Guarantee 7 on the way: the stored error names neither the key nor the endpoint.
+    # docs/jobs.md guarantee 7: the stored error names neither the key nor the endpoint.
     assert "sk-test" not in record.last_error
     assert base_url not in record.last_error

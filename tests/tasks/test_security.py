@@ -1,4 +1,4 @@
-"""Guarantees 7 and 8 (JOBS.md): secrets stay out of everything stored or logged, and no
+"""Guarantees 7 and 8 (docs/jobs.md): secrets stay out of everything stored or logged, and no
 pickle is accepted anywhere."""
 
 from __future__ import annotations

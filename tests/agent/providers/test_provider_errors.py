@@ -114,7 +114,8 @@ def test_error_status_maps_to_typed_error_and_resume_class(
     # When the provider is called
     err = failure(provider_for(kind, server))
 
-    # Then the error carries the status and wait, and can_resume classifies it per CHECKPOINT 2.3
+    # Then the error carries the status and wait, and can_resume classifies it per
+    # docs/checkpoint.md, "Resumability"
     assert type(err) is ProviderHTTPError
     assert err.status == status
     assert err.retry_after_s == retry_after_s
