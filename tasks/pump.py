@@ -15,15 +15,18 @@ published, so it is woken once per interval at most. Every time is the Redis ser
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import redis
 from celery import states
+from kombu.exceptions import ChannelError
 
 from tasks.app import app
 from tasks.context import JobContext, job_context
@@ -86,7 +89,55 @@ def confirm_results(ctx: JobContext, shard: ShardKeys) -> int:
     return written
 
 
-def pump_shard(ctx: JobContext, shard: ShardKeys) -> Tick:
+class BrokerBacklog:
+    """Whether the turn and retry queues hold messages no worker has taken yet.
+
+    A queued turn that nobody started for stall_after_s is woken again on the guess that its
+    message was lost. While the broker still holds messages the guess is wrong (the workers
+    are behind, not short of a message), and waking every stalled turn would pile duplicates
+    onto the very backlog that delayed them, so the pump leaves them be until it drains.
+    """
+
+    def __init__(self, queues: tuple[str, ...]) -> None:
+        self._queues = queues
+        self._connection: Any = None
+        self._waiting: bool | None = None
+
+    def new_tick(self) -> None:
+        self._waiting = None
+
+    def messages_waiting(self) -> bool:
+        """Asked at most once per tick."""
+        if self._waiting is None:
+            self._waiting = self._ask()
+        return self._waiting
+
+    def _ask(self) -> bool:
+        try:
+            if self._connection is None:
+                self._connection = app.connection_for_read()
+            channel = self._connection.default_channel
+            return any(self._depth(channel, queue) for queue in self._queues)
+        except Exception as exc:  # unknown: wake (a duplicate is cheaper than a lost turn)
+            logger.debug("broker depth unknown (%s)", exc)
+            self.close()
+            return False
+
+    @staticmethod
+    def _depth(channel: Any, queue: str) -> int:
+        try:
+            return int(channel.queue_declare(queue=queue, passive=True).message_count)
+        except ChannelError:  # not declared yet: nothing in it
+            return 0
+
+    def close(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                self._connection.release()
+        self._connection = None
+
+
+def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tick:
     records, settings = ctx.records, ctx.settings
     lease_ms = int(settings.lease_ttl_s * 1000)
     stall_ms = int(settings.stall_after_s * 1000)
@@ -108,6 +159,8 @@ def pump_shard(ctx: JobContext, shard: ShardKeys) -> Tick:
     for turn in records.take_due(
         shard, shard.pending, limit=BATCH, bump_ms=stall_ms, lag_ms=stall_ms
     ):
+        if backlog.messages_waiting():
+            break  # taken turns are pushed back a stall interval: looked at again then
         record = records.get(turn.turn_id, turn.namespace)
         if record is None or record.state is not TurnState.QUEUED:
             ctx.redis.zrem(shard.pending, turn.turn_id)
@@ -139,10 +192,12 @@ def wake_orphans(ctx: JobContext) -> int:
     return woken
 
 
-def pump_once(ctx: JobContext) -> Tick:
+def pump_once(ctx: JobContext, backlog: BrokerBacklog | None = None) -> Tick:
+    backlog = backlog or BrokerBacklog((ctx.settings.turn_queue, ctx.settings.retry_queue))
+    backlog.new_tick()
     tick = Tick(orphaned=wake_orphans(ctx))
     for shard in ctx.keys.all_shards():
-        tick += pump_shard(ctx, shard)
+        tick += pump_shard(ctx, shard, backlog)
         tick += Tick(results=confirm_results(ctx, shard))
     return tick
 
@@ -154,11 +209,12 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
         if threading.current_thread() is threading.main_thread():
             signal.signal(signum, lambda *_: stop.set())
     logger.info("pump started (every %.2f s)", ctx.settings.pump_interval_s)
+    backlog = BrokerBacklog((ctx.settings.turn_queue, ctx.settings.retry_queue))
     down_since: float | None = None
     while not stop.is_set():
         started = time.monotonic()
         try:
-            tick = pump_once(ctx)
+            tick = pump_once(ctx, backlog)
         except redis.RedisError as exc:
             if down_since is None:  # one line per outage, not one per tick
                 logger.warning("pump: Redis unavailable (%s); retrying until it answers", exc)
@@ -179,6 +235,7 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
                 tick.results,
             )
         stop.wait(max(0.0, ctx.settings.pump_interval_s - (time.monotonic() - started)))
+    backlog.close()
     logger.info("pump stopped")
 
 
