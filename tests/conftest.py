@@ -1,5 +1,6 @@
 """Shared test helpers: the reference runtime's compatibility files, vendored under
-tests/fixtures/ (written by agentfootprint 9.62; see tests/fixtures/agentfootprint-9.62/README.md)."""
+tests/fixtures/ (written by agentfootprint 9.62; see
+tests/fixtures/agentfootprint-9.62/README.md)."""
 
 from __future__ import annotations
 
