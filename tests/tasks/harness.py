@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -191,12 +192,14 @@ def start_worker(
     pool: str = "threads",
     concurrency: int = 8,
     extra_args: list[str] | None = None,
+    command_prefix: list[str] | None = None,
 ) -> Process:
     logdir.mkdir(parents=True, exist_ok=True)
     log_path = logdir / f"worker-{name}-{time.monotonic_ns()}.log"
     turns = env.get("AGENTJOBS_TURN_QUEUE", "agentjobs.turns")
     queues = f"{turns},{env.get('AGENTJOBS_RETRY_QUEUE', 'agentjobs.retry')}"
     command = [
+        *(command_prefix or []),
         sys.executable,
         "-m",
         "celery",
@@ -228,11 +231,13 @@ def start_worker(
     return process
 
 
-def start_pump(env: Mapping[str, str], logdir: Path) -> Process:
+def start_pump(
+    env: Mapping[str, str], logdir: Path, *, command_prefix: list[str] | None = None
+) -> Process:
     logdir.mkdir(parents=True, exist_ok=True)
     log_path = logdir / f"pump-{time.monotonic_ns()}.log"
     popen = subprocess.Popen(
-        [sys.executable, "-m", "tasks.pump"],
+        [*(command_prefix or []), sys.executable, "-m", "tasks.pump"],
         env=dict(env),
         cwd=ROOT,
         stdout=log_path.open("wb"),
@@ -242,3 +247,25 @@ def start_pump(env: Mapping[str, str], logdir: Path) -> Process:
     wait_until(lambda: "pump started" in process.log() or not process.alive(), 30, "the pump")
     assert process.alive(), process.log()
     return process
+
+
+def faketime_prefix(offset_s: float) -> list[str] | None:
+    """A command prefix that runs a Python process with its wall clock `offset_s` seconds off,
+    through libfaketime (the `faketime` package; .ci/run installs it), or None without it.
+
+    `env LD_PRELOAD=...` rather than the `faketime` command, which forks and does not pass
+    signals on: the process the test kills must be the skewed one. The monotonic clock stays
+    true (skew is about wall time, and Python's timed waits hang under a faked one); the
+    sitecustomize in faketime_shim/ puts back the time.sleep that libfaketime 0.9.10 breaks then.
+    """
+    libraries = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not libraries:
+        return None
+    shim = ROOT / "tests" / "tasks" / "faketime_shim"
+    return [
+        "env",
+        f"LD_PRELOAD={libraries[0]}",
+        f"FAKETIME={offset_s:+g}",
+        "FAKETIME_DONT_FAKE_MONOTONIC=1",
+        f"PYTHONPATH={shim}{os.pathsep}{ROOT}",
+    ]
