@@ -72,7 +72,8 @@ def test_a_killed_workers_running_turn_restarts_on_another_within_the_lease(
     victim = workers.pop(victim_name)
     ((survivor_name, survivor),) = workers.items()
 
-    # When that worker's main process is SIGKILLed
+    # When that worker's main process is SIGKILLed, just after round 1's checkpoint renewed
+    # the lease: the worst case, a whole lease to wait out
     killed_at_ms = records.server_time_ms()
     victim.kill()
     lease_key = job_context().keys.for_namespace(running.namespace).lease(running.namespace)
