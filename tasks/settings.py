@@ -51,7 +51,7 @@ class Settings:
     max_deliveries: int = 3
     # A dead worker's turn resumes once its lease runs out; the running worker renews it well
     # before that, so a short lease is cheap and recovery is fast.
-    lease_ttl_s: float = 10.0
+    lease_ttl_s: float = 9.0
     pump_interval_s: float = 0.5
     # A queued turn at the head of its conversation that no worker started for this long is
     # woken again (its message was lost with a dead worker or a failed publish).

@@ -238,10 +238,13 @@ def start_worker(
     mingle: bool = False,
     extra_args: list[str] | None = None,
     cwd: Path = ROOT,
+    command_prefix: list[str] | None = None,
 ) -> Process:
     """A `celery -A tasks worker` (of both queues, as the Procfile's) named `name@host`.
-    Without mingle and gossip by default: they cost a second at start and nothing here."""
+    Without mingle and gossip by default: they cost a second at start and nothing here.
+    `command_prefix` runs it under another command (`env VAR=...`, a skewed clock)."""
     command = [
+        *(command_prefix or []),
         sys.executable,
         *("-m", "celery", "-A", app, "worker"),
         *("--pool", pool, "--concurrency", str(concurrency)),
@@ -254,8 +257,14 @@ def start_worker(
     )
 
 
-def start_pump(env: Mapping[str, str], logdir: Path, *, cwd: Path = ROOT) -> Process:
-    command = [sys.executable, "-m", "tasks.pump"]
+def start_pump(
+    env: Mapping[str, str],
+    logdir: Path,
+    *,
+    cwd: Path = ROOT,
+    command_prefix: list[str] | None = None,
+) -> Process:
+    command = [*(command_prefix or []), sys.executable, "-m", "tasks.pump"]
     return start_process("pump", command, env, logdir, ready=READY["pump"], timeout_s=30, cwd=cwd)
 
 

@@ -64,8 +64,8 @@ class Jobs:
         self.processes.append(process)
         return process
 
-    def pump(self) -> Process:
-        process = start_pump(self.env, self.logdir)
+    def pump(self, **options: Any) -> Process:
+        process = start_pump(self.env, self.logdir, **options)
         self.processes.append(process)
         return process
 
