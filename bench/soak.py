@@ -471,10 +471,10 @@ def configure_client(env: dict[str, str], redis_url: str) -> None:
     """This process is a client: same settings as the workers, none of their secrets."""
     os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS_URL"))})
     from tasks import app
-    from tasks.context import job_context
+    from tasks.context import reset
 
     app.conf.update(broker_url=redis_url, result_backend=redis_url)
-    job_context.cache_clear()
+    reset()
 
 
 def submit(plan: list[PlannedTurn]) -> list[str]:

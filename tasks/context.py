@@ -53,3 +53,12 @@ def build_context(settings: Settings) -> JobContext:
 def job_context() -> JobContext:
     # celeryconfig.py's AGENTS, as the app loaded it, is the registry AGENTJOBS_AGENTS extends.
     return build_context(load_settings(registry=app.conf.get("AGENTS")))
+
+
+def reset() -> None:
+    """Forget this process's context and the secrets read with it, so the next use reads the
+    environment again (tests that change it)."""
+    from tasks.redact import process_secrets
+
+    job_context.cache_clear()
+    process_secrets.cache_clear()

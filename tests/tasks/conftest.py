@@ -78,7 +78,7 @@ class Jobs:
 
 
 def configure_client(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks.context import job_context
+    from tasks.context import reset
 
     for key in list(os.environ):
         if key.startswith("AGENTJOBS_"):
@@ -86,7 +86,7 @@ def configure_client(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> No
     for key, value in env.items():
         if key.startswith(("AGENTJOBS_", "REDIS_URL")):
             monkeypatch.setenv(key, value)
-    job_context.cache_clear()
+    reset()
 
 
 @pytest.fixture
@@ -108,9 +108,9 @@ def make_jobs(
     yield make
     for jobs in started:
         jobs.stop_all()
-    from tasks.context import job_context
+    from tasks.context import reset
 
-    job_context.cache_clear()
+    reset()
 
 
 @pytest.fixture
