@@ -10,6 +10,9 @@ from agent import AgentRunCheckpoint
 from tasks.app import app
 from tasks.context import job_context
 from tasks.errors import Reason, TurnDeadLettered
+from tasks.events import TurnEvent, iter_events
+from tasks.records import TurnState
+from tasks.status import TurnStatus, turn_status
 from tasks.store import namespace_for
 from tasks.turns import resume_turn, run_turn
 from tasks.worker import PresenceStep
@@ -30,8 +33,13 @@ def load_conversation(
 __all__ = [
     "Reason",
     "TurnDeadLettered",
+    "TurnEvent",
+    "TurnState",
+    "TurnStatus",
     "app",
+    "iter_events",
     "load_conversation",
     "resume_turn",
     "run_turn",
+    "turn_status",
 ]

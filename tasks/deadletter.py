@@ -233,6 +233,7 @@ class DeadLetterStore:
                 if replayed_as:
                     pipe.hset(turn_key, "replayed_as", replayed_as)
                 pipe.expire(turn_key, self._record_ttl_s)
+                pipe.expire(shard.events(self._turn_id_of(entry["id"])), self._record_ttl_s)
             pipe.execute()
 
 

@@ -54,6 +54,11 @@ class ShardKeys:
         unfinished; then record_ttl_s, except a dead-lettered turn's, kept while its entry is."""
         return f"{self.turn_prefix}{turn_id}"
 
+    def events(self, turn_id: str) -> str:
+        """Stream: the turn's events (tasks/events.py), written by the same scripts as the
+        record changes they report. Kept as long as the turn record."""
+        return f"{self.tag}:events:{turn_id}"
+
     @property
     def retries(self) -> str:
         """Sorted set turn_id -> due time (server epoch ms): retries waiting out their backoff."""

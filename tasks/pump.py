@@ -25,15 +25,14 @@ from typing import Any
 
 import orjson
 import redis
-from celery import states
 from kombu.exceptions import ChannelError
 
 from tasks.app import app
 from tasks.context import JobContext, job_context
-from tasks.errors import TurnDeadLettered
 from tasks.keys import ShardKeys
 from tasks.records import TurnState
 from tasks.redact import RedactingFilter
+from tasks.results import has_final_result, store_final_result
 from tasks.turns import wake
 
 logger = logging.getLogger("agentjobs.pump")
@@ -69,22 +68,16 @@ def confirm_results(ctx: JobContext, shard: ShardKeys) -> int:
     was restarting, or the worker was killed between the two writes), so result.get() returns.
     Any Celery result backend: it only asks the backend for the task's state.
     """
-    backend = app.backend
     grace_ms = int(ctx.settings.result_grace_s * 1000)
     written = 0
     for due in ctx.records.take_due(
         shard, shard.finished, limit=BATCH, bump_ms=grace_ms, lag_ms=grace_ms
     ):
-        if backend.get_task_meta(due.turn_id).get("status") not in states.READY_STATES:
+        if not has_final_result(due.turn_id):
             record = ctx.records.get(due.turn_id, due.namespace)
-            if record is not None and record.state is TurnState.SUCCEEDED:
-                backend.store_result(due.turn_id, record.result, states.SUCCESS)
-                written += 1
-            elif record is not None and record.state is TurnState.DEAD_LETTERED:
-                entry = ctx.dead_letters.summary(record.dlq_id) or {}
-                error = TurnDeadLettered(record.dlq_id, record.reason, str(entry.get("error", "")))
-                backend.mark_as_failure(due.turn_id, error)
-                written += 1
+            if record is not None:
+                summary = ctx.dead_letters.summary(record.dlq_id) if record.dlq_id else None
+                written += store_final_result(record, str((summary or {}).get("error", "")))
         ctx.redis.zrem(shard.finished, due.turn_id)
     return written
 
@@ -143,7 +136,7 @@ def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tic
     stall_ms = int(settings.stall_after_s * 1000)
     due = records.take_due(shard, shard.retries, limit=BATCH, bump_ms=stall_ms)
     for turn in due:
-        wake(turn.turn_id, turn.namespace or None)
+        wake(turn.turn_id, turn.namespace or None, turn.agent, turn.conversation_id)
     expired = 0
     for turn in records.take_due(shard, shard.running, limit=BATCH, bump_ms=lease_ms):
         record = records.get(turn.turn_id, turn.namespace)
@@ -153,7 +146,7 @@ def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tic
         if records.lease_holder(record.namespace) == turn.turn_id:
             continue  # its renewal is late but the lease still stands
         logger.warning("turn %s lost its worker; waking it to resume", turn.turn_id)
-        wake(turn.turn_id, record.namespace)
+        wake(turn.turn_id, record.namespace, record.agent, record.conversation_id)
         expired += 1
     stalled = 0
     for turn in records.take_due(
@@ -167,7 +160,7 @@ def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tic
             continue
         at_head = records.conversation_head(record.namespace) == turn.turn_id
         if (not record.namespace or at_head) and records.lease_holder(record.namespace) is None:
-            wake(turn.turn_id, record.namespace or None)
+            wake(turn.turn_id, record.namespace or None, record.agent, record.conversation_id)
             stalled += 1
     return Tick(retries=len(due), expired=expired, stalled=stalled)
 

@@ -40,15 +40,21 @@ from tasks.keys import Keys, ShardKeys
 
 
 class TurnState(StrEnum):
+    """A turn's state (docs/operations.md, "Turn states and status"). The last three are
+    terminal. `paused` and `cancelled` are reserved for the issues that build pauses and
+    cancelling: no script writes them yet."""
+
     QUEUED = "queued"
     RUNNING = "running"
-    WAITING = "waiting"
+    WAITING = "waiting"  # for a retry
+    PAUSED = "paused"  # for a person's decision
     SUCCEEDED = "succeeded"
     DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
 
     @property
     def terminal(self) -> bool:
-        return self in (TurnState.SUCCEEDED, TurnState.DEAD_LETTERED)
+        return self in (TurnState.SUCCEEDED, TurnState.DEAD_LETTERED, TurnState.CANCELLED)
 
 
 class ClaimStatus(StrEnum):
@@ -180,12 +186,15 @@ class Ended:
 
     ended: bool
     next_head: str | None = None
+    next_head_agent: str = ""
 
 
 @dataclass(frozen=True)
 class Due:
     turn_id: str
     namespace: str
+    agent: str = ""
+    conversation_id: str = ""
 
 
 @functools.cache
@@ -242,12 +251,14 @@ class TurnRecords:
         Idempotent: a turn id already recorded is left as it is."""
         k = self._keys.for_namespace(namespace)
         args = [turn_id, payload, agent, conversation_id, namespace, checkpoint, replay_of]
-        return bool(self._run("register", [k.turn(turn_id), k.queue(namespace), k.pending], args))
+        keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id)]
+        return bool(self._run("register", keys, args))
 
     def unregister(self, turn_id: str, namespace: str) -> None:
         """Undo register for a turn whose message could not be published."""
         k = self._keys.for_namespace(namespace)
-        self._run("unregister", [k.turn(turn_id), k.queue(namespace), k.pending], [turn_id])
+        keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id)]
+        self._run("unregister", keys, [turn_id])
 
     def claim(
         self, turn_id: str, namespace: str, token: str, lease_ttl_s: float, worker: str
@@ -265,6 +276,7 @@ class TurnRecords:
                 k.running,
                 k.pending,
                 k.conversation(namespace),
+                k.events(turn_id),
             ],
             [turn_id, token, int(lease_ttl_s * 1000), worker],
         )
@@ -291,7 +303,7 @@ class TurnRecords:
         args: list[Any] = [turn_id, token, int(lease_ttl_s * 1000)]
         if checkpoint is not None:
             args += [checkpoint, iteration]
-        keys = [k.turn(turn_id), k.lease(namespace), k.running]
+        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.events(turn_id)]
         return bool(self._run("progress", keys, args))
 
     def _ending_keys(self, k: ShardKeys, turn_id: str, namespace: str) -> list[str]:
@@ -304,6 +316,7 @@ class TurnRecords:
             k.retries,
             k.pending,
             k.finished,
+            k.events(turn_id),
         ]
 
     def succeed(
@@ -319,7 +332,8 @@ class TurnRecords:
         """Store the conversation and end the turn, atomically."""
         k = self._keys.for_namespace(namespace)
         keys = [*self._ending_keys(k, turn_id, namespace), k.conversation(namespace)]
-        return _ended(self._run("succeed", keys, [turn_id, token, envelope, result, ttl_s]))
+        args = [turn_id, token, envelope, result, ttl_s, k.turn_prefix]
+        return _ended(self._run("succeed", keys, args))
 
     def schedule_retry(
         self,
@@ -335,7 +349,7 @@ class TurnRecords:
         """Park the turn until `delay_ms` from now by the server's clock; returns the due time
         (epoch ms), or 0 when the lease was no longer this turn's."""
         k = self._keys.for_namespace(namespace)
-        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.retries]
+        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.retries, k.events(turn_id)]
         args = [turn_id, token, delay_ms, next_attempt, checkpoint, error]
         return int(self._run("retry", keys, args))
 
@@ -354,7 +368,7 @@ class TurnRecords:
         never claimed). `checkpoint` replaces the record's when given."""
         k = self._keys.for_namespace(namespace)
         keys = [*self._ending_keys(k, turn_id, namespace), k.dead_letters, k.dead_letter_index]
-        args = [turn_id, token, entry_id, entry, reason, checkpoint]
+        args = [turn_id, token, entry_id, entry, reason, checkpoint, k.turn_prefix]
         return _ended(self._run("dead_letter", keys, args))
 
     def take_due(
@@ -363,11 +377,20 @@ class TurnRecords:
         """Members of one of `shard`'s time indices due by the server's clock minus `lag_ms`,
         each pushed `bump_ms` later so another pump does not take it again meanwhile."""
         flat = self._run("take_due", [index_key], [limit, bump_ms, lag_ms, shard.turn_prefix])
-        return [Due(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return [Due(*(_text(v) for v in flat[i : i + 4])) for i in range(0, len(flat), 4)]
 
     def conversation_head(self, namespace: str) -> str | None:
         head = self._redis.lindex(self._keys.for_namespace(namespace).queue(namespace), 0)
         return _text(head) if isinstance(head, bytes | str) else None
+
+    def turn_ahead(self, turn_id: str, namespace: str) -> str | None:
+        """The turn just before `turn_id` in its conversation's queue, or None at the head."""
+        queue = self._keys.for_namespace(namespace).queue(namespace)
+        position: Any = self._redis.lpos(queue, turn_id)
+        if not position:
+            return None
+        ahead = self._redis.lindex(queue, int(position) - 1)
+        return _text(ahead) if isinstance(ahead, bytes | str) else None
 
     def lease_holder(self, namespace: str) -> str | None:
         """The turn id holding the conversation's lease, or None."""
@@ -384,4 +407,6 @@ def _ended(reply: list[Any]) -> Ended:
     if _text(reply[0]) != "ok":
         return Ended(False)
     head = reply[1] if len(reply) > 1 else None
-    return Ended(True, _text(head) if isinstance(head, bytes | str) else None)
+    if not isinstance(head, list):
+        return Ended(True)
+    return Ended(True, _text(head[0]), _text(head[1]))

@@ -53,6 +53,7 @@ from tasks.payload import TurnRequest, parse_payload, registration_of
 from tasks.records import ClaimStatus, TurnRecord
 from tasks.redact import redact
 from tasks.registry import build_agent
+from tasks.results import RUNNING, WAITING, report_state, store_final_result
 from tasks.retry import backoff_delay_s
 from tasks.store import envelope_bytes, read_envelope
 
@@ -169,9 +170,16 @@ def run_turn(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 @app.task(name="tasks.resume_turn", **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
-def resume_turn(self: Task, turn_id: str, namespace: str | None = None) -> dict[str, Any]:
+def resume_turn(
+    self: Task,
+    turn_id: str,
+    namespace: str | None = None,
+    agent: str = "",
+    conversation_id: str = "",
+) -> dict[str, Any]:
     """Wake a recorded turn: a retry that is due, the next turn of a conversation, or a turn
-    whose worker died. What runs is decided by the turn record."""
+    whose worker died. What runs is decided by the turn record; `agent` and
+    `conversation_id` only name the turn in Flower and task events."""
     return drive_turn(turn_id, None, namespace=namespace, worker=self.request.hostname or "")
 
 
@@ -183,12 +191,21 @@ def submit_turn(turn_id: str, kwargs: Any, *, checkpoint: bytes = b"", replay_of
     run_turn.apply_async(kwargs=kwargs if isinstance(kwargs, dict) else {}, task_id=turn_id)
 
 
-def wake(turn_id: str | None, namespace: str | None = None) -> None:
+def wake(
+    turn_id: str | None,
+    namespace: str | None = None,
+    agent: str = "",
+    conversation_id: str = "",
+) -> None:
     """Publish a wake-up for a turn (its namespace, when known, spares the worker a lookup)."""
     if turn_id is None:
         return
     try:
-        resume_turn.apply_async(args=[turn_id, namespace], task_id=turn_id)
+        resume_turn.apply_async(
+            args=[turn_id, namespace],
+            kwargs={"agent": agent, "conversation_id": conversation_id},
+            task_id=turn_id,
+        )
     except Exception as exc:  # the pump wakes stalled heads; never fail a finished turn for this
         logger.warning("could not wake turn %s (%s); the pump will", turn_id, exc)
 
@@ -217,6 +234,7 @@ def drive_turn(
             logger.info("turn %s not run by this delivery: %s", turn_id, claim.status)
             raise Ignore()
         turn = _Turn(ctx, claim.record, token=token, stored=claim.stored)
+        turn.report_running()
         with ctx.leases.holding(turn_id, namespace, token):
             return turn.finish(turn.attempt_once())
     except redis.RedisError as exc:
@@ -289,8 +307,22 @@ class _Turn:
             return decision
         return Decision(Outcome.SUCCEED)
 
+    def report_running(self) -> None:
+        info = {"state": "running", "attempt": self.attempt, "iteration": self.iteration}
+        report_state(self.turn_id, RUNNING, info)
+
+    def _repair_result(self) -> None:
+        """This delivery lost the turn (it stalled past its lease): if the turn has ended
+        meanwhile, make sure a late state report of ours did not hide its final result."""
+        record = self.ctx.records.get(self.turn_id, self.namespace)
+        if record is not None and record.state.terminal:
+            summary = self.ctx.dead_letters.summary(record.dlq_id) if record.dlq_id else None
+            store_final_result(record, str((summary or {}).get("error", "")))
+
     def finish(self, decision: Decision) -> dict[str, Any]:
         """Write the outcome; returns the reply or raises what Celery should see."""
+        if decision.outcome is Outcome.IGNORE:
+            self._repair_result()
         if decision.outcome is Outcome.SUCCEED:
             assert self.result is not None
             return self._succeed(self.result)
@@ -341,6 +373,8 @@ class _Turn:
             iteration=self.iteration,
         ):
             raise LeaseLost(self.turn_id)
+        if report.kind is ProgressKind.ROUND:
+            self.report_running()
 
     def _succeed(self, result: AgentResult) -> dict[str, Any]:
         reply = {
@@ -359,8 +393,9 @@ class _Turn:
             ttl_s=self.ctx.settings.record_ttl_s,
         )
         if not ended.ended:
+            self._repair_result()
             raise Ignore()
-        wake(ended.next_head, self.namespace)
+        wake(ended.next_head, self.namespace, ended.next_head_agent, self.record.conversation_id)
         return reply
 
     def _schedule_retry(self, error: BaseException, checkpoint: AgentRunCheckpoint) -> None:
@@ -382,15 +417,25 @@ class _Turn:
             checkpoint=checkpoint.to_json(),
             error=text,
         )
-        if due_ms:
-            logger.info(
-                "turn %s attempt %d failed (%s); attempt %d in %.1f s",
-                self.turn_id,
-                self.attempt,
-                text,
-                self.attempt + 1,
-                delay_s,
-            )
+        if not due_ms:
+            self._repair_result()
+            return
+        info = {
+            "state": "waiting",
+            "attempt": self.attempt + 1,
+            "iteration": self.iteration,
+            "dueAt": due_ms,
+            "lastError": text,
+        }
+        report_state(self.turn_id, WAITING, info)
+        logger.info(
+            "turn %s attempt %d failed (%s); attempt %d in %.1f s",
+            self.turn_id,
+            self.attempt,
+            text,
+            self.attempt + 1,
+            delay_s,
+        )
 
     def _base_run_id(self) -> str:
         """The stored conversation's run id: unchanged since this turn started, since only the
@@ -419,8 +464,14 @@ class _Turn:
             base_run_id=self._base_run_id(),
         )
         if not ended.ended:
+            self._repair_result()
             return
-        wake(ended.next_head, self.namespace or None)
+        wake(
+            ended.next_head,
+            self.namespace or None,
+            ended.next_head_agent,
+            self.record.conversation_id,
+        )
         logger.warning("turn %s dead-lettered as %s (%s)", self.turn_id, entry_id, reason)
         # No chained cause: the result backend stores the traceback, and the cause's text is
         # the provider's, unredacted. The entry holds the redacted error.

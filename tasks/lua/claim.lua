@@ -1,8 +1,8 @@
 -- Take a turn if it may run now: not ended, not waiting out a backoff, the head of its
 -- conversation's queue, no live lease. -> {'claimed', deliveries, record, stored envelope or
 -- false} or {refusal}: missing | done | not_due | not_head | busy.
-local turn_key, queue_key, lease_key, retries_key, running_key, pending_key, conversation_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local turn_key, queue_key, lease_key, retries_key, running_key, pending_key, conversation_key,
+  events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local turn_id, token, lease_ms, worker = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
 local state = redis.call('HGET', turn_key, 'state')
@@ -23,6 +23,7 @@ redis.call('HSET', turn_key, 'state', 'running', 'token', token, 'worker', worke
 redis.call('ZREM', retries_key, turn_id)
 redis.call('ZREM', pending_key, turn_id)
 redis.call('ZADD', running_key, now + lease_ms, turn_id)
+emit(events_key, turn_key, now, 'turn.started', {worker = worker})
 -- The stored conversation comes back with the claim when the turn starts from it; nobody
 -- else writes it while this turn holds the head of the queue and the lease.
 local stored = false

@@ -28,12 +28,22 @@ local function is_terminal(state)
   return state == 'succeeded' or state == 'dead_lettered'
 end
 
+-- Append one event to a turn's stream, in the same step as the record change it reports
+-- (docs/operations.md, "Events"). `data` is a table, written as a JSON object.
+local function emit(events_key, turn_key, now, event_type, data)
+  local at = redis.call('HMGET', turn_key, 'attempt', 'iteration')
+  redis.call('XADD', events_key, '*', 'type', event_type, 'attempt', at[1] or '1',
+    'iteration', at[2] or '0', 'at', now, 'data', cjson.encode(data))
+end
+
 -- End a turn: mark it `state` with `fields`, drop it from every live index, release its lease
--- (when it held it), take it off its conversation's queue and mark the next head as woken now.
--- Returns the next head's turn id, or false. The one place a turn ends.
-local function end_turn(k, turn_id, state, now, fields)
+-- (when it held it), take it off its conversation's queue, write its terminal event and mark
+-- the next head as woken now. Returns the next head's turn id and agent, or false. The one
+-- place a turn ends.
+local function end_turn(k, turn_id, state, now, fields, event_type, event_data)
   redis.call('HSET', k.turn, 'state', state, 'finished_at_ms', now, 'updated_at_ms', now,
     unpack(fields))
+  emit(k.events, k.turn, now, event_type, event_data)
   redis.call('HDEL', k.turn, 'token')
   if lease_holder(k.lease) == turn_id then redis.call('DEL', k.lease) end
   redis.call('ZREM', k.running, turn_id)
@@ -42,6 +52,7 @@ local function end_turn(k, turn_id, state, now, fields)
   redis.call('ZADD', k.finished, now, turn_id)
   redis.call('LREM', k.queue, 1, turn_id)
   local head = redis.call('LINDEX', k.queue, 0)
-  if head then redis.call('ZADD', k.pending, 'XX', now, head) end
-  return head
+  if not head then return false end
+  redis.call('ZADD', k.pending, 'XX', now, head)
+  return {head, redis.call('HGET', k.turn_prefix .. head, 'agent') or ''}
 end

@@ -3,10 +3,11 @@
 -- (no expiry) while the entry does. token '' is for a turn that was never claimed.
 -- -> {'ok', next head or false} | {'done'} (already ended) | {'lost'} (lease not held)
 local k = {turn = KEYS[1], lease = KEYS[2], running = KEYS[3], queue = KEYS[4],
-  retries = KEYS[5], pending = KEYS[6], finished = KEYS[7]}
-local dlq_key, dlq_index_key = KEYS[8], KEYS[9]
-local turn_id, token, entry_id, entry, reason, checkpoint =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+  retries = KEYS[5], pending = KEYS[6], finished = KEYS[7], events = KEYS[8]}
+local dlq_key, dlq_index_key = KEYS[9], KEYS[10]
+local turn_id, token, entry_id, entry, reason, checkpoint, turn_prefix =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+k.turn_prefix = turn_prefix
 
 if is_terminal(redis.call('HGET', k.turn, 'state')) then return {'done'} end
 if token ~= '' and not holds_lease(k.lease, turn_id, token) then return {'lost'} end
@@ -19,6 +20,8 @@ summary['firstFailedAtMs'] = tonumber(first)
 summary['lastFailedAtMs'] = now
 redis.call('HSET', dlq_key, entry_id, cjson.encode(summary))
 redis.call('ZADD', dlq_index_key, now, entry_id)
-local head = end_turn(k, turn_id, 'dead_lettered', now, {'dlq_id', entry_id, 'reason', reason})
+local head = end_turn(k, turn_id, 'dead_lettered', now, {'dlq_id', entry_id, 'reason', reason},
+  'turn.dead_lettered', {reason = reason, entryId = entry_id})
 redis.call('PERSIST', k.turn)
+redis.call('PERSIST', k.events)
 return {'ok', head}

@@ -1,6 +1,6 @@
 -- Renew a running turn's lease; with a checkpoint, also persist its progress.
 -- -> 1, or 0 when the lease is no longer this turn's under this token (a stale worker).
-local turn_key, lease_key, running_key = KEYS[1], KEYS[2], KEYS[3]
+local turn_key, lease_key, running_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local turn_id, token, lease_ms, checkpoint, iteration =
   ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 
@@ -11,5 +11,6 @@ redis.call('ZADD', running_key, now + lease_ms, turn_id)
 if checkpoint then
   redis.call('HSET', turn_key, 'checkpoint', checkpoint, 'iteration', iteration,
     'updated_at_ms', now)
+  emit(events_key, turn_key, now, 'iteration.persisted', {})
 end
 return 1

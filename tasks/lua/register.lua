@@ -1,6 +1,6 @@
 -- Record a submitted turn and queue it behind its conversation's earlier turns.
 -- -> 1 when recorded, 0 when the turn id was already recorded (left as it is).
-local turn_key, queue_key, pending_key = KEYS[1], KEYS[2], KEYS[3]
+local turn_key, queue_key, pending_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local turn_id, payload, agent, conversation_id, namespace, checkpoint, replay_of =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 
@@ -14,4 +14,5 @@ if replay_of ~= '' then redis.call('HSET', turn_key, 'replay_of', replay_of) end
 -- A payload too broken to name a conversation queues nowhere: its worker dead-letters it.
 if namespace ~= '' then redis.call('RPUSH', queue_key, turn_id) end
 redis.call('ZADD', pending_key, now, turn_id)
+emit(events_key, turn_key, now, 'turn.queued', {agent = agent, conversationId = conversation_id})
 return 1

@@ -1,13 +1,15 @@
 -- A running turn failed with a resumable error: keep its checkpoint, release the lease and
 -- wait in the retry index until due. -> the due time (server epoch ms), or 0 when the lease is
 -- no longer this turn's.
-local turn_key, lease_key, running_key, retries_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local turn_key, lease_key, running_key, retries_key, events_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local turn_id, token, delay_ms, next_attempt, checkpoint, error =
   ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 
 if not holds_lease(lease_key, turn_id, token) then return 0 end
 local now = now_ms()
 local due = now + delay_ms
+emit(events_key, turn_key, now, 'retry.scheduled', {dueAt = due, error = error})
 redis.call('HSET', turn_key, 'state', 'waiting', 'due_at_ms', due, 'attempt', next_attempt,
   'deliveries', 0, 'checkpoint', checkpoint, 'last_error', error, 'updated_at_ms', now)
 redis.call('HSETNX', turn_key, 'first_failed_at_ms', now)

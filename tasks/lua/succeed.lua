@@ -2,13 +2,18 @@
 -- result, not its checkpoint (the stored conversation holds it).
 -- -> {'ok', next head or false} or {'lost'} (the lease is no longer this turn's).
 local k = {turn = KEYS[1], lease = KEYS[2], running = KEYS[3], queue = KEYS[4],
-  retries = KEYS[5], pending = KEYS[6], finished = KEYS[7]}
-local conversation_key = KEYS[8]
-local turn_id, token, envelope, result, ttl_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+  retries = KEYS[5], pending = KEYS[6], finished = KEYS[7], events = KEYS[8]}
+local conversation_key = KEYS[9]
+local turn_id, token, envelope, result, ttl_s, turn_prefix =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+k.turn_prefix = turn_prefix
 
 if not holds_lease(k.lease, turn_id, token) then return {'lost'} end
 redis.call('SET', conversation_key, envelope)
 redis.call('HDEL', k.turn, 'checkpoint')
-local head = end_turn(k, turn_id, 'succeeded', now_ms(), {'result', result})
+local content = cjson.decode(result)['content']
+local head = end_turn(k, turn_id, 'succeeded', now_ms(), {'result', result}, 'turn.succeeded',
+  {content = content})
 redis.call('EXPIRE', k.turn, ttl_s)
+redis.call('EXPIRE', k.events, ttl_s)
 return {'ok', head}

@@ -1,6 +1,6 @@
 -- Members of a time index due by the server's clock (minus lag_ms), each re-scored bump_ms
 -- later so another pump (or the next tick) does not take it again while its wake-up is on the
--- way. -> {turn_id, namespace, ...} (namespace from the turn record; '' when it is gone).
+-- way. -> {turn_id, namespace, agent, conversation_id, ...} from the turn records ('' when gone).
 local index_key = KEYS[1]
 local limit, bump_ms, lag_ms, turn_prefix =
   tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
@@ -10,7 +10,10 @@ local due = redis.call('ZRANGEBYSCORE', index_key, '-inf', now - lag_ms, 'LIMIT'
 local out = {}
 for _, member in ipairs(due) do
   redis.call('ZADD', index_key, now + bump_ms, member)
+  local record = redis.call('HMGET', turn_prefix .. member, 'namespace', 'agent', 'conversation_id')
   out[#out + 1] = member
-  out[#out + 1] = redis.call('HGET', turn_prefix .. member, 'namespace') or ''
+  out[#out + 1] = record[1] or ''
+  out[#out + 1] = record[2] or ''
+  out[#out + 1] = record[3] or ''
 end
 return out

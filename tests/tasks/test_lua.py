@@ -467,7 +467,7 @@ def test_a_stale_worker_cannot_write_over_the_worker_that_took_its_turn_over(
     assert score(client, k.retries, "t1") is None
     assert client.lrange(k.queue(NS), 0, -1) == [b"t1", b"t2"]
     # and B still finishes it
-    assert succeed(records, "t1", "tok-b") == Ended(True, "t2")
+    assert succeed(records, "t1", "tok-b") == Ended(True, "t2", "demo")
 
 
 # -- succeed -------------------------------------------------------------------------------------
@@ -493,7 +493,7 @@ def test_succeed_stores_the_conversation_and_ends_the_turn(
     after = records.server_time_ms()
 
     # Then the conversation is stored and the turn is succeeded with its result, no checkpoint
-    assert ended == Ended(True, "t2")
+    assert ended == Ended(True, "t2", "demo")
     assert client.get(k.conversation(NS)) == ENVELOPE
     turn = record(records, "t1")
     assert turn.state is TurnState.SUCCEEDED
@@ -636,7 +636,7 @@ def test_dead_letter_files_the_entry_and_ends_the_turn(
     after = records.server_time_ms()
 
     # Then the entry summary is filed with the server's failure times
-    assert ended == Ended(True, "t2")
+    assert ended == Ended(True, "t2", "demo")
     raw = client.hget(k.dead_letters, "dl-t1")
     assert raw is not None
     entry = orjson.loads(raw)
@@ -883,7 +883,7 @@ def lifecycle(records: TurnRecords, namespace: str) -> None:
         records.take_due(k, index, limit=10, bump_ms=1000)
     assert claim(records, "t1", "tok-c", namespace=namespace).status is ClaimStatus.CLAIMED
     assert succeed(records, "t1", "tok-x", namespace) == Ended(False)
-    assert succeed(records, "t1", "tok-c", namespace) == Ended(True, "t2")
+    assert succeed(records, "t1", "tok-c", namespace) == Ended(True, "t2", "demo")
     assert claim(records, "t1", "tok-d", namespace=namespace).status is ClaimStatus.DONE
     claimed = claim(records, "t2", "tok-e", namespace=namespace)
     assert claimed.status is ClaimStatus.CLAIMED and claimed.stored == ENVELOPE

@@ -13,10 +13,15 @@ from tests.conftest import ROOT
 PINNED_ALL = [
     "Reason",
     "TurnDeadLettered",
+    "TurnEvent",
+    "TurnState",
+    "TurnStatus",
     "app",
+    "iter_events",
     "load_conversation",
     "resume_turn",
     "run_turn",
+    "turn_status",
 ]
 
 
