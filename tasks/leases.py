@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import redis
 
@@ -29,7 +29,8 @@ class LeaseKeeper:
         self._records = records
         self._lease_ttl_s = lease_ttl_s
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[str, str]] = {}  # token -> (turn_id, namespace)
+        # token -> (turn_id, namespace, called after each renewal that found the lease held)
+        self._held: dict[str, tuple[str, str, Callable[[], None] | None]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -57,10 +58,16 @@ class LeaseKeeper:
             thread.join(timeout=5)
 
     @contextlib.contextmanager
-    def holding(self, turn_id: str, namespace: str, token: str) -> Iterator[None]:
+    def holding(
+        self,
+        turn_id: str,
+        namespace: str,
+        token: str,
+        on_renewed: Callable[[], None] | None = None,
+    ) -> Iterator[None]:
         self.start()
         with self._lock:
-            self._held[token] = (turn_id, namespace)
+            self._held[token] = (turn_id, namespace, on_renewed)
         try:
             yield
         finally:
@@ -72,13 +79,16 @@ class LeaseKeeper:
         while not stop.wait(self.interval_s):
             with self._lock:
                 held = list(self._held.items())
-            for token, (turn_id, namespace) in held:
-                self._renew(token, turn_id, namespace)
+            for token, (turn_id, namespace, on_renewed) in held:
+                if self._renew(token, turn_id, namespace) and on_renewed is not None:
+                    on_renewed()
 
-    def _renew(self, token: str, turn_id: str, namespace: str) -> None:
+    def _renew(self, token: str, turn_id: str, namespace: str) -> bool:
         try:
-            if not self._records.renew(turn_id, namespace, token, self._lease_ttl_s):
-                with self._lock:
-                    self._held.pop(token, None)  # taken over: its writes will be refused
+            if self._records.renew(turn_id, namespace, token, self._lease_ttl_s):
+                return True
+            with self._lock:
+                self._held.pop(token, None)  # taken over: its writes will be refused
         except redis.RedisError as exc:
             logger.warning("lease renewal failed for turn %s: %s", turn_id, exc)
+        return False

@@ -33,9 +33,10 @@ def states_seen(turn_id: str, until: set[str], timeout_s: float = 30) -> list[tu
 
 
 def test_celery_shows_running_then_waiting_then_success(jobs: Any) -> None:
-    # Given a turn whose first attempt does one tool round, then fails with a 503
+    # Given a turn whose first model call takes longer than a lease renewal (0.75 s with the
+    # tests' 3 s lease), then fails with a 503, and whose retry does two tool rounds
     result = run_turn.delay(
-        agent="demo", conversation_id="c-states", message="hi rounds:2 think:0.4 fail:503x1"
+        agent="demo", conversation_id="c-states", message="hi rounds:2 think:1.2 fail:503x1"
     )
     seen = states_seen(result.id, {"SUCCESS"})
     states = [state for state, _ in seen]
