@@ -30,7 +30,15 @@ from agent.middleware import Deny, InputContext
 from agent.providers.anthropic import AnthropicProvider
 from agent.providers.openai import OpenAIChatProvider
 from agent.providers.scripted import ScriptedProvider, ScriptExhaustedError
-from agent.runtime import Agent, AgentInput, AgentResult, ProgressKind, ProgressReport
+from agent.runtime import (
+    Agent,
+    AgentInput,
+    AgentResult,
+    ProgressKind,
+    ProgressReport,
+    ToolCallPhase,
+    ToolCallReport,
+)
 from agent.skills import SkillGraph
 from agent.tools import Tool, ToolContext, tool
 
@@ -70,6 +78,8 @@ __all__ = [
     "Tool",
     "ToolAbort",
     "ToolCall",
+    "ToolCallPhase",
+    "ToolCallReport",
     "ToolContext",
     "can_resume",
     "classify_failure_phase",

@@ -20,6 +20,11 @@ ProgressKind saying what moved). Both are called at the same points, one after t
 The checkpoint is the crash-checkpoint shape without failurePoint. If a hook raises, the run
 stops with RunCheckpointError (that error as its cause, the last progress as its checkpoint).
 `on_progress` is an adapter over `on_report`: one code path.
+
+Tool calls: the same doors take `on_tool_call`, called with a ToolCallReport just before a
+registered tool runs (`started`) and just after it returns or raises (`finished`, with `ok`
+False when it raised). A call to an unknown tool runs nothing and reports nothing. If the hook
+raises, the run stops with RunCheckpointError, as for the other hooks.
 """
 
 from __future__ import annotations
@@ -94,7 +99,21 @@ class ProgressReport:
     checkpoint: AgentRunCheckpoint
 
 
+class ToolCallPhase(StrEnum):
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallReport:
+    phase: ToolCallPhase
+    tool: str
+    tool_call_id: str
+    ok: bool | None = None  # for `finished`: False when the tool raised
+
+
 ProgressHook = Callable[[AgentRunCheckpoint], object]
+ToolCallHook = Callable[[ToolCallReport], object]
 ReportHook = Callable[[ProgressReport], object]
 EvidenceCheck = Callable[[str, Sequence[Message]], "str | None"]
 
@@ -198,6 +217,7 @@ class _Run:
     decisions: tuple[Mapping[str, Any], ...] = ()
     # Identical-call landings of this run: the count restarts with every run (p02).
     repeats: RepeatedCalls = field(default_factory=RepeatedCalls)
+    on_tool_call: ToolCallHook | None = None
 
 
 class Agent:
@@ -266,6 +286,7 @@ class Agent:
         time: Any = None,
         on_progress: ProgressHook | None = None,
         on_report: ReportHook | None = None,
+        on_tool_call: ToolCallHook | None = None,
     ) -> AgentResult:
         """One turn. With `continue_from` it continues that conversation with a new user turn."""
         request = normalize_input(input)
@@ -290,6 +311,7 @@ class Agent:
                 turn = max(1, _count_users(history) + 1)
             state = self._new_run(run_id, request.message, history, caller, turn, stored, run_time)
             state.clock = self._clock_for(state, stored, run_time, resuming=False)
+            state.on_tool_call = on_tool_call
             reporter = _reporter(on_progress, on_report)
             return self._execute(state, append_user=True, reporter=reporter)
         finally:
@@ -303,6 +325,7 @@ class Agent:
         time: Any = None,
         on_progress: ProgressHook | None = None,
         on_report: ReportHook | None = None,
+        on_tool_call: ToolCallHook | None = None,
     ) -> AgentResult:
         """Continue this instance's last finished conversation with `message`."""
         with self._lock:
@@ -318,6 +341,7 @@ class Agent:
             time=time,
             on_progress=on_progress,
             on_report=on_report,
+            on_tool_call=on_tool_call,
         )
 
     def resume_on_error(
@@ -328,6 +352,7 @@ class Agent:
         time: Any = None,
         on_progress: ProgressHook | None = None,
         on_report: ReportHook | None = None,
+        on_tool_call: ToolCallHook | None = None,
     ) -> AgentResult:
         """Re-run the failed turn of `checkpoint`: same history, same turn, nothing appended."""
         run_id = self._claim("resume_on_error")
@@ -349,6 +374,7 @@ class Agent:
                 pending = recovery.get("pending")
                 state.pending_instruction = pending["instruction"] if pending else None
             state.clock = self._clock_for(state, stored, run_time, resuming=True)
+            state.on_tool_call = on_tool_call
             reporter = _reporter(on_progress, on_report)
             return self._execute(state, append_user=False, reporter=reporter)
         finally:
@@ -585,14 +611,20 @@ class Agent:
             identity=state.identity,
             clock=state.clock,
         )
+        hook = state.on_tool_call
+        if hook is not None:
+            hook(ToolCallReport(ToolCallPhase.STARTED, name, call_id))
         try:
-            return tool_result_text(found.call(plain_json(args), ctx)), True
+            text, ok = tool_result_text(found.call(plain_json(args), ctx)), True
         except ToolAbort:
             raise
         except Exception as exc:
             # Reported to the model, which decides what to do next (fixture c1); an empty
             # message is an empty result, as the reference writes it.
-            return unicode_text(str(exc)), True
+            text, ok = unicode_text(str(exc)), False
+        if hook is not None:
+            hook(ToolCallReport(ToolCallPhase.FINISHED, name, call_id, ok))
+        return text, True
 
     def _needs_revision(self, state: _Run, answer: str) -> bool:
         if self.evidence_check is None or state.revision_spent:

@@ -306,6 +306,14 @@ class TurnRecords:
         keys = [k.turn(turn_id), k.lease(namespace), k.running, k.events(turn_id)]
         return bool(self._run("progress", keys, args))
 
+    def tool_event(
+        self, turn_id: str, namespace: str, token: str, event_type: str, data: bytes
+    ) -> bool:
+        """Append a tool call's event; False when the lease is no longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.lease(namespace), k.events(turn_id)]
+        return bool(self._run("tool_event", keys, [turn_id, token, event_type, data]))
+
     def _ending_keys(self, k: ShardKeys, turn_id: str, namespace: str) -> list[str]:
         # The keys common.lua's end_turn reads as `k`, in its order.
         return [

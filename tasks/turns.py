@@ -44,6 +44,8 @@ from agent import (
     ProgressKind,
     ProgressReport,
     RunCheckpointError,
+    ToolCallPhase,
+    ToolCallReport,
     can_resume,
 )
 from tasks.app import app
@@ -355,7 +357,9 @@ class _Turn:
             # progress; tools of completed iterations do not run again.
             checkpoint = AgentRunCheckpoint.from_json(self.record.checkpoint)
             self.last_checkpoint = checkpoint
-            return agent.resume_on_error(checkpoint, time=request.time, on_report=self.persist)
+            return agent.resume_on_error(
+                checkpoint, time=request.time, on_report=self.persist, on_tool_call=self.tool_call
+            )
         stored = None
         if self.stored is not None:
             key = self.ctx.store.key(self.namespace)
@@ -369,7 +373,18 @@ class _Turn:
             message_from=request.message_from,
             time=request.time,
         )
-        return agent.run(turn_input, on_report=self.persist)
+        return agent.run(turn_input, on_report=self.persist, on_tool_call=self.tool_call)
+
+    def tool_call(self, report: ToolCallReport) -> None:
+        """A tool call's event in the turn's stream (tool.started / tool.finished)."""
+        data: dict[str, Any] = {"tool": report.tool, "toolCallId": report.tool_call_id}
+        if report.phase is ToolCallPhase.FINISHED:
+            data["ok"] = bool(report.ok)
+        event_type = f"tool.{report.phase}"
+        if not self.ctx.records.tool_event(
+            self.turn_id, self.namespace, self.token, event_type, orjson.dumps(data)
+        ):
+            raise LeaseLost(self.turn_id)
 
     def persist(self, report: ProgressReport) -> None:
         """Write progress before the next iteration's tools run (docs/jobs.md, guarantee 3)."""

@@ -51,6 +51,8 @@ PINNED_ALL = [
     "Tool",
     "ToolAbort",
     "ToolCall",
+    "ToolCallPhase",
+    "ToolCallReport",
     "ToolContext",
     "can_resume",
     "classify_failure_phase",

@@ -101,6 +101,13 @@ def test_events_arrive_live_in_order_with_one_terminal_event_last(jobs: Any) -> 
     assert sum(t.startswith("turn.s") and t != "turn.started" for t in types) == 1
     assert types.count("turn.started") == 2  # the first attempt and the retry
     assert "retry.scheduled" in types and "iteration.persisted" in types
+    # Each tool call: started, finished, then the round's checkpoint persisted
+    tool_events = [e for e in events if e.type.startswith("tool.")]
+    assert [e.type for e in tool_events] == ["tool.started", "tool.finished"] * 2
+    assert tool_events[0].data == {"tool": "lookup_order", "toolCallId": "call_1"}
+    assert tool_events[1].data == {"tool": "lookup_order", "toolCallId": "call_1", "ok": True}
+    first_finish = types.index("tool.finished")
+    assert types[first_finish + 1] == "iteration.persisted"
     assert types.index("retry.scheduled") < len(types) - 1
     assert events[-1].data["content"] == result.get(timeout=5)["content"]
     assert events[types.index("turn.started")].data["worker"].startswith("w1@")
