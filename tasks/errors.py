@@ -5,11 +5,16 @@
     ├── UnknownAgent              no agent registered under that name
     ├── UnreadableConversation    a stored conversation that is not a conversation-v1 envelope
     ├── PoisonTurn                a turn whose worker died every time it ran
-    └── LeaseLost                 another worker took the conversation over (this one stalled)
+    ├── AgentUnavailable          a registered agent whose factory failed
+    ├── DeadlineExceeded          a turn still unfinished at its deadline
+    └── LeaseLost                 another worker took the conversation over, or the turn was
+                                  cancelled (this delivery stops writing)
     TurnDeadLettered              what result.get() raises for a turn that ended dead-lettered
+    TurnCancelled                 what result.get() raises for a cancelled turn
+    InvalidTurnRequest (ValueError)   run_turn.delay(...) refused before anything is queued
 
-TurnDeadLettered is rebuilt by Celery's result backend from (entry_id, reason, message), so its
-constructor takes exactly those, positionally.
+TurnDeadLettered and TurnCancelled are rebuilt by Celery's result backend from their
+constructor arguments, so their constructors take exactly those, positionally.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ class Reason(StrEnum):
     CONVERSATION_MISMATCH = "conversation_mismatch"
     BAD_PAYLOAD = "bad_payload"
     MESSAGE_DENIED = "message_denied"
+    AGENT_UNAVAILABLE = "agent_unavailable"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -41,6 +48,7 @@ class BadPayload(JobError):
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
+        self.problem = problem
         super().__init__(f"bad run_turn payload: {field}: {problem}")
 
 
@@ -80,6 +88,26 @@ class PoisonTurn(JobError):
         )
 
 
+class AgentUnavailable(JobError):
+    code = "ERR_AGENT_UNAVAILABLE"
+    reason = Reason.AGENT_UNAVAILABLE
+
+    def __init__(self, name: str, problem: str) -> None:
+        self.name = name
+        super().__init__(f"{problem}; fix the factory, restart the workers, then replay")
+
+
+class DeadlineExceeded(JobError):
+    code = "ERR_DEADLINE_EXCEEDED"
+    reason = Reason.DEADLINE_EXCEEDED
+
+    def __init__(self, turn_id: str, state: str) -> None:
+        super().__init__(
+            f"turn {turn_id} was still {state} at its deadline (run_turn's deadline_s, default "
+            "AGENTJOBS_TURN_DEADLINE_S); its conversation moved on"
+        )
+
+
 class LeaseLost(JobError):
     code = "ERR_LEASE_LOST"
 
@@ -101,3 +129,24 @@ class TurnDeadLettered(Exception):
             f"turn dead-lettered as {self.entry_id} ({self.reason}): {message}; inspect it with "
             f"`agentjobs dlq show {self.entry_id}`"
         )
+
+
+class TurnCancelled(Exception):
+    code = "ERR_TURN_CANCELLED"
+
+    def __init__(self, turn_id: str, reason: str = "") -> None:
+        self.turn_id = turn_id
+        self.reason = reason
+        super().__init__(turn_id, reason)
+
+    def __str__(self) -> str:
+        why = f": {self.reason}" if self.reason else ""
+        return f"turn {self.turn_id} was cancelled{why}"
+
+
+class InvalidTurnRequest(ValueError):
+    code = "ERR_INVALID_TURN_REQUEST"
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"run_turn: {field}: {problem}")

@@ -75,6 +75,12 @@ class ShardKeys:
         return f"{self.tag}:pending"
 
     @property
+    def deadlines(self) -> str:
+        """Sorted set turn_id -> deadline (server epoch ms): unfinished turns, by when they must
+        have ended; the pump dead-letters a turn past it as deadline_exceeded."""
+        return f"{self.tag}:deadlines"
+
+    @property
     def finished(self) -> str:
         """Sorted set turn_id -> end time (server epoch ms): ended turns whose Celery result
         the pump has not yet confirmed (it writes the result again if the worker could not)."""
@@ -117,6 +123,12 @@ class Keys:
 
     def conversation(self, namespace: str) -> str:
         return self.for_namespace(namespace).conversation(namespace)
+
+    def turn_id_owner(self, turn_id: str) -> str:
+        """String: the namespace a caller-chosen turn id was first submitted for, so the same
+        id cannot name a turn of another conversation (its record would sit in another shard).
+        Kept for record_ttl_s past the turn's deadline."""
+        return f"{self.prefix}:turn-id:{turn_id}"
 
     def replay_marker(self, entry_id: str) -> str:
         """String: the turn id a dead-letter entry was replayed as. Kept for record_ttl_s, so

@@ -12,7 +12,7 @@ from tasks.errors import BadPayload
 from tasks.store import namespace_for
 
 ALLOWED_KEYS = frozenset(
-    {"agent", "conversation_id", "message", "identity", "message_from", "time"}
+    {"agent", "conversation_id", "message", "identity", "message_from", "time", "deadline_s"}
 )
 MAX_CONVERSATION_ID_CHARS = 512
 
@@ -27,6 +27,7 @@ class TurnRequest:
     message_from: str | None
     time: Any
     namespace: str
+    deadline_s: float | None  # None: AGENTJOBS_TURN_DEADLINE_S
 
 
 def _check_conversation_id(value: object) -> str:
@@ -56,6 +57,16 @@ def _identity(value: object, conversation_id: str) -> dict[str, Any] | None:
     return {k: v for k, v in identity.items() if v is not None}
 
 
+def _deadline_s(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise BadPayload("deadline_s", "must be a positive number of seconds")
+    if value == float("inf"):
+        raise BadPayload("deadline_s", "must be finite")
+    return float(value)
+
+
 def parse_payload(kwargs: object) -> TurnRequest:
     if not isinstance(kwargs, Mapping):
         raise BadPayload("<payload>", "run_turn takes keyword arguments only")
@@ -83,6 +94,7 @@ def parse_payload(kwargs: object) -> TurnRequest:
         message_from=checked.message_from,
         time=kwargs.get("time"),
         namespace=namespace_for(conversation_id, identity),
+        deadline_s=_deadline_s(kwargs.get("deadline_s")),
     )
 
 

@@ -20,7 +20,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import orjson
@@ -29,6 +29,7 @@ from kombu.exceptions import ChannelError
 
 from tasks.app import app
 from tasks.context import JobContext, job_context
+from tasks.control import end_overdue_turns
 from tasks.keys import ShardKeys
 from tasks.records import TurnState
 from tasks.redact import RedactingFilter
@@ -46,18 +47,13 @@ class Tick:
     stalled: int = 0
     orphaned: int = 0
     results: int = 0
+    overdue: int = 0
 
     def __add__(self, other: Tick) -> Tick:
-        return Tick(
-            self.retries + other.retries,
-            self.expired + other.expired,
-            self.stalled + other.stalled,
-            self.orphaned + other.orphaned,
-            self.results + other.results,
-        )
+        return Tick(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     def __bool__(self) -> bool:
-        return any((self.retries, self.expired, self.stalled, self.orphaned, self.results))
+        return any(astuple(self))
 
 
 def confirm_results(ctx: JobContext, shard: ShardKeys) -> int:
@@ -190,6 +186,7 @@ def pump_once(ctx: JobContext, backlog: BrokerBacklog | None = None) -> Tick:
     backlog.new_tick()
     tick = Tick(orphaned=wake_orphans(ctx))
     for shard in ctx.keys.all_shards():
+        tick += Tick(overdue=end_overdue_turns(ctx, shard, limit=BATCH))
         tick += pump_shard(ctx, shard, backlog)
         tick += Tick(results=confirm_results(ctx, shard))
     return tick
@@ -220,11 +217,13 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
         if tick:
             logger.info(
                 "woke %d due retries, %d turns of dead workers, %d stalled turns, %d turns "
-                "prefetched by stopped workers; wrote %d missing results",
+                "prefetched by stopped workers, %d past their deadline; wrote %d missing "
+                "results",
                 tick.retries,
                 tick.expired,
                 tick.stalled,
                 tick.orphaned,
+                tick.overdue,
                 tick.results,
             )
         stop.wait(max(0.0, ctx.settings.pump_interval_s - (time.monotonic() - started)))

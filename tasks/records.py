@@ -57,6 +57,12 @@ class TurnState(StrEnum):
         return self in (TurnState.SUCCEEDED, TurnState.DEAD_LETTERED, TurnState.CANCELLED)
 
 
+class Registered(StrEnum):
+    CREATED = "created"
+    EXISTS = "exists"  # the same turn id with the same request: an idempotent resubmission
+    CONFLICT = "conflict"  # the same turn id with another request: refused
+
+
 class ClaimStatus(StrEnum):
     CLAIMED = "claimed"
     MISSING = "missing"  # no record (never registered, or expired)
@@ -109,6 +115,8 @@ class TurnRecord:
     reason: str = ""
     replay_of: str = ""
     replayed_as: str = ""  # the turn id a dead-letter replay of this turn got
+    deadline_at_ms: int = 0
+    cancel_reason: str = ""
 
     @classmethod
     def from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
@@ -140,6 +148,8 @@ class TurnRecord:
             reason=fields.get("reason", ""),
             replay_of=fields.get("replay_of", ""),
             replayed_as=fields.get("replayed_as", ""),
+            deadline_at_ms=_int(fields, "deadline_at_ms"),
+            cancel_reason=fields.get("cancel_reason", ""),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -166,6 +176,8 @@ class TurnRecord:
             "reason": self.reason or None,
             "replayOf": self.replay_of or None,
             "replayedAs": self.replayed_as or None,
+            "deadlineAtMs": self.deadline_at_ms or None,
+            "cancelReason": self.cancel_reason or None,
             "payload": self.payload,
             "result": self.result,
             "checkpoint": orjson.loads(self.checkpoint) if self.checkpoint else None,
@@ -246,18 +258,29 @@ class TurnRecords:
         namespace: str,
         checkpoint: bytes = b"",
         replay_of: str = "",
-    ) -> bool:
+        deadline_s: float = 0,
+    ) -> Registered:
         """Record a submitted turn and queue it behind its conversation's earlier turns.
-        Idempotent: a turn id already recorded is left as it is."""
+        A turn id already recorded is left as it is."""
         k = self._keys.for_namespace(namespace)
-        args = [turn_id, payload, agent, conversation_id, namespace, checkpoint, replay_of]
-        keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id)]
-        return bool(self._run("register", keys, args))
+        args: list[Any] = [turn_id, payload, agent, conversation_id, namespace, checkpoint]
+        args += [replay_of, int(deadline_s * 1000)]
+        keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id), k.deadlines]
+        created = int(self._run("register", keys, args))
+        return {1: Registered.CREATED, 0: Registered.EXISTS}.get(created, Registered.CONFLICT)
+
+    def own_turn_id(self, turn_id: str, namespace: str, ttl_s: int) -> bool:
+        """Reserve a caller-chosen turn id for `namespace`; False when another conversation
+        holds it."""
+        key = self._keys.turn_id_owner(turn_id)
+        if self._redis.set(key, namespace, nx=True, ex=ttl_s):
+            return True
+        return _text(self._redis.get(key) or b"") == namespace
 
     def unregister(self, turn_id: str, namespace: str) -> None:
         """Undo register for a turn whose message could not be published."""
         k = self._keys.for_namespace(namespace)
-        keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id)]
+        keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id), k.deadlines]
         self._run("unregister", keys, [turn_id])
 
     def claim(
@@ -325,6 +348,7 @@ class TurnRecords:
             k.pending,
             k.finished,
             k.events(turn_id),
+            k.deadlines,
         ]
 
     def succeed(
@@ -378,6 +402,12 @@ class TurnRecords:
         keys = [*self._ending_keys(k, turn_id, namespace), k.dead_letters, k.dead_letter_index]
         args = [turn_id, token, entry_id, entry, reason, checkpoint, k.turn_prefix]
         return _ended(self._run("dead_letter", keys, args))
+
+    def cancel(self, turn_id: str, namespace: str, *, reason: str, ttl_s: int) -> Ended:
+        """End an unfinished turn as cancelled, whatever its state and whoever runs it."""
+        k = self._keys.for_namespace(namespace)
+        args = [turn_id, reason, ttl_s, k.turn_prefix]
+        return _ended(self._run("cancel", self._ending_keys(k, turn_id, namespace), args))
 
     def take_due(
         self, shard: ShardKeys, index_key: str, *, limit: int, bump_ms: int, lag_ms: int = 0

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Mapping
 
 from agent import Agent
-from tasks.errors import UnknownAgent
+from tasks.errors import AgentUnavailable, UnknownAgent
 
 
 @functools.lru_cache(maxsize=256)
@@ -48,8 +48,20 @@ def build_agent(name: str, agents: Mapping[str, str]) -> Agent:
         built = _resolve(target)()
     except Exception as exc:
         problem = f"agent {name!r} could not be built from {target}: {type(exc).__name__}: {exc}"
-        raise UnknownAgent(name, sorted(agents), problem) from exc
+        raise AgentUnavailable(name, problem) from exc
     if not isinstance(built, Agent):
         problem = f"{target} returned {type(built).__name__}, not an agent.Agent"
-        raise UnknownAgent(name, sorted(agents), problem)
+        raise AgentUnavailable(name, problem)
     return built
+
+
+def check_agents(agents: Mapping[str, str]) -> dict[str, str]:
+    """{name: problem} for each registered agent whose factory cannot build it now (a worker
+    logs these once at start; their turns dead-letter as agent_unavailable)."""
+    problems = {}
+    for name in sorted(agents):
+        try:
+            build_agent(name, agents)
+        except AgentUnavailable as exc:
+            problems[name] = str(exc)
+    return problems

@@ -14,7 +14,7 @@ from typing import Any
 from celery import states
 
 from tasks.app import app
-from tasks.errors import TurnDeadLettered
+from tasks.errors import TurnCancelled, TurnDeadLettered
 from tasks.records import TurnRecord, TurnState
 
 logger = logging.getLogger("agentjobs.results")
@@ -47,5 +47,8 @@ def store_final_result(record: TurnRecord, error_text: str = "") -> bool:
     if record.state is TurnState.DEAD_LETTERED:
         error = TurnDeadLettered(record.dlq_id, record.reason, error_text)
         backend.mark_as_failure(record.turn_id, error)
+        return True
+    if record.state is TurnState.CANCELLED:
+        backend.mark_as_failure(record.turn_id, TurnCancelled(record.turn_id, record.cancel_reason))
         return True
     return False

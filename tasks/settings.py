@@ -56,6 +56,9 @@ class Settings:
     # A queued turn at the head of its conversation that no worker started for this long is
     # woken again (its message was lost with a dead worker or a failed publish).
     stall_after_s: float = 10.0
+    # A turn must end within this many seconds of its submission (run_turn's deadline_s
+    # overrides it), retries included; past it the pump dead-letters it as deadline_exceeded.
+    turn_deadline_s: float = 3600.0
     # How long after a turn ends the pump checks that its Celery result was stored.
     result_grace_s: float = 5.0
     # Finished turn records, dead-letter replay markers and Celery results live this long.
@@ -102,6 +105,7 @@ def load_settings(
         lease_ttl_s=env.seconds("AGENTJOBS_LEASE_TTL_S", Settings.lease_ttl_s),
         pump_interval_s=env.seconds("AGENTJOBS_PUMP_INTERVAL_S", Settings.pump_interval_s),
         stall_after_s=env.seconds("AGENTJOBS_STALL_AFTER_S", Settings.stall_after_s),
+        turn_deadline_s=env.seconds("AGENTJOBS_TURN_DEADLINE_S", Settings.turn_deadline_s),
         result_grace_s=env.seconds("AGENTJOBS_RESULT_GRACE_S", Settings.result_grace_s),
         record_ttl_s=env.whole_seconds("AGENTJOBS_RECORD_TTL_S", Settings.record_ttl_s),
         index_shards=env.count(

@@ -47,7 +47,7 @@ class TurnStatus:
             dead_letter_id=record.dlq_id or None,
             queued_behind=queued_behind,
             pending=(),
-            cancel_reason=None,
+            cancel_reason=record.cancel_reason or None,
             replayed_as=record.replayed_as or None,
             created_at=_when(record.created_at_ms) or datetime.fromtimestamp(0, UTC),
             updated_at=_when(record.updated_at_ms) or datetime.fromtimestamp(0, UTC),

@@ -19,6 +19,7 @@ only a wake-up: the turn record decides what runs, so duplicates and redeliverie
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -51,9 +52,17 @@ from agent import (
 from tasks.app import app
 from tasks.context import JobContext, job_context
 from tasks.deadletter import file_dead_letter
-from tasks.errors import BadPayload, JobError, LeaseLost, PoisonTurn, Reason, TurnDeadLettered
+from tasks.errors import (
+    BadPayload,
+    InvalidTurnRequest,
+    JobError,
+    LeaseLost,
+    PoisonTurn,
+    Reason,
+    TurnDeadLettered,
+)
 from tasks.payload import TurnRequest, parse_payload, registration_of
-from tasks.records import ClaimStatus, TurnRecord
+from tasks.records import ClaimStatus, Registered, TurnRecord
 from tasks.redact import redact
 from tasks.registry import build_agent
 from tasks.results import RUNNING, WAITING, report_state, store_final_result
@@ -116,11 +125,14 @@ def register_turn(
     *,
     checkpoint: bytes = b"",
     replay_of: str = "",
-) -> str:
+) -> tuple[str, Registered]:
     """Record a submitted turn behind its conversation's earlier turns; returns its namespace
-    ('' for a payload too broken to queue)."""
+    ('' for a payload too broken to queue) and whether it was new."""
     agent_name, conversation_id, namespace = registration_of(kwargs)
-    ctx.records.register(
+    deadline_s = ctx.settings.turn_deadline_s
+    with contextlib.suppress(BadPayload):
+        deadline_s = parse_payload(kwargs).deadline_s or deadline_s
+    registered = ctx.records.register(
         turn_id,
         payload=orjson.dumps(kwargs),
         agent=agent_name,
@@ -128,13 +140,28 @@ def register_turn(
         namespace=namespace,
         checkpoint=checkpoint,
         replay_of=replay_of,
+        deadline_s=deadline_s,
     )
-    return namespace
+    return namespace, registered
+
+
+def check_request(args: Any, kwargs: Any) -> TurnRequest:
+    """run_turn.delay's arguments as a turn, or InvalidTurnRequest naming what is wrong."""
+    if args:
+        raise InvalidTurnRequest(
+            "<args>",
+            "takes keyword arguments only: run_turn.delay(agent=..., "
+            "conversation_id=..., message=...)",
+        )
+    try:
+        return parse_payload(kwargs or {})
+    except BadPayload as exc:
+        raise InvalidTurnRequest(exc.field, exc.problem) from None
 
 
 class SubmitTurnTask(Task):  # type: ignore[misc]
-    """run_turn's task class: submitting registers the turn before its message is published,
-    which fixes the conversation's order at submission time."""
+    """run_turn's task class: submitting checks the request and registers the turn before its
+    message is published, which fixes the conversation's order at submission time."""
 
     def apply_async(
         self,
@@ -143,9 +170,25 @@ class SubmitTurnTask(Task):  # type: ignore[misc]
         task_id: str | None = None,
         **options: Any,
     ) -> Any:
-        task_id = task_id or str(uuid.uuid4())
+        request = check_request(args, kwargs)
         ctx = job_context()
-        namespace = register_turn(ctx, task_id, kwargs if not args else {"<args>": list(args)})
+        if task_id is None:
+            task_id = str(uuid.uuid4())
+        else:
+            ttl_s = ctx.settings.record_ttl_s + int(
+                request.deadline_s or ctx.settings.turn_deadline_s
+            )
+            if not ctx.records.own_turn_id(task_id, request.namespace, ttl_s):
+                raise InvalidTurnRequest(
+                    "task_id", f"{task_id!r} names a turn of another conversation; use a new id"
+                )
+        namespace, registered = register_turn(ctx, task_id, kwargs)
+        if registered is Registered.CONFLICT:
+            raise InvalidTurnRequest(
+                "task_id", f"{task_id!r} was submitted with another request; use a new id"
+            )
+        if registered is Registered.EXISTS:
+            return self.AsyncResult(task_id)  # the same request again: the same turn
         try:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         except Exception:

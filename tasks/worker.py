@@ -25,6 +25,7 @@ from celery.worker import state as worker_state
 from tasks.context import JobContext, job_context
 from tasks.leases import RENEWALS_PER_TTL
 from tasks.payload import registration_of
+from tasks.registry import check_agents
 
 logger = logging.getLogger("agentjobs.worker")
 
@@ -99,7 +100,10 @@ class PresenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.presence: Presence | None = None
 
     def start(self, parent: Any) -> None:
-        self.presence = Presence(job_context(), parent.hostname)
+        ctx = job_context()
+        for name, problem in check_agents(ctx.settings.agents).items():
+            logger.error("agent %r is unavailable: its turns will dead-letter (%s)", name, problem)
+        self.presence = Presence(ctx, parent.hostname)
         self.presence.start()
 
     def stop(self, parent: Any) -> None:

@@ -25,7 +25,14 @@ local function lease_holder(lease_key)
 end
 
 local function is_terminal(state)
-  return state == 'succeeded' or state == 'dead_lettered'
+  return state == 'succeeded' or state == 'dead_lettered' or state == 'cancelled'
+end
+
+-- The keys end_turn reads, in the order tasks/records.py passes them first.
+local function ending_keys()
+  return {turn = KEYS[1], lease = KEYS[2], running = KEYS[3], queue = KEYS[4],
+    retries = KEYS[5], pending = KEYS[6], finished = KEYS[7], events = KEYS[8],
+    deadlines = KEYS[9]}
 end
 
 -- Append one event to a turn's stream, in the same step as the record change it reports
@@ -49,6 +56,7 @@ local function end_turn(k, turn_id, state, now, fields, event_type, event_data)
   redis.call('ZREM', k.running, turn_id)
   redis.call('ZREM', k.retries, turn_id)
   redis.call('ZREM', k.pending, turn_id)
+  redis.call('ZREM', k.deadlines, turn_id)
   redis.call('ZADD', k.finished, now, turn_id)
   redis.call('LREM', k.queue, 1, turn_id)
   local head = redis.call('LINDEX', k.queue, 0)

@@ -2,9 +2,8 @@
 -- goes to the shard's store; the record keeps the payload and the last checkpoint, and stays
 -- (no expiry) while the entry does. token '' is for a turn that was never claimed.
 -- -> {'ok', next head or false} | {'done'} (already ended) | {'lost'} (lease not held)
-local k = {turn = KEYS[1], lease = KEYS[2], running = KEYS[3], queue = KEYS[4],
-  retries = KEYS[5], pending = KEYS[6], finished = KEYS[7], events = KEYS[8]}
-local dlq_key, dlq_index_key = KEYS[9], KEYS[10]
+local k = ending_keys()
+local dlq_key, dlq_index_key = KEYS[10], KEYS[11]
 local turn_id, token, entry_id, entry, reason, checkpoint, turn_prefix =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 k.turn_prefix = turn_prefix

@@ -1,9 +1,8 @@
 -- Store the conversation and end the turn as succeeded, atomically. The record keeps its
 -- result, not its checkpoint (the stored conversation holds it).
 -- -> {'ok', next head or false} or {'lost'} (the lease is no longer this turn's).
-local k = {turn = KEYS[1], lease = KEYS[2], running = KEYS[3], queue = KEYS[4],
-  retries = KEYS[5], pending = KEYS[6], finished = KEYS[7], events = KEYS[8]}
-local conversation_key = KEYS[9]
+local k = ending_keys()
+local conversation_key = KEYS[10]
 local turn_id, token, envelope, result, ttl_s, turn_prefix =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 k.turn_prefix = turn_prefix

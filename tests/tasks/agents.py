@@ -87,3 +87,7 @@ def build_openai_agent() -> Agent:
         api_key="sk-test-0123456789abcdef",
     )
     return Agent(provider=provider, model="fake-model", id="openai")
+
+
+def build_raising() -> Any:
+    raise RuntimeError("the model's settings are missing")

@@ -23,6 +23,7 @@ TEST_AGENTS = {
     "crasher": "tests.tasks.agents:build_crasher_agent",
     "leaky": "tests.tasks.agents:build_leaky_agent",
     "broken": "tests.tasks.agents:build_nothing",
+    "raising": "tests.tasks.agents:build_raising",
 }
 
 

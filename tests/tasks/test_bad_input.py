@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from agent import AgentRunCheckpoint
-from tasks import TurnDeadLettered, load_conversation, run_turn
+from tasks import TurnDeadLettered, app, load_conversation, run_turn
 from tasks.context import job_context
 from tasks.store import envelope_bytes, namespace_for
 from tasks.testing import wait_until
@@ -69,11 +69,17 @@ BAD_PAYLOADS = [
 ]
 
 
+def sent_around_run_turn_delay(*args: Any, **kwargs: Any) -> Any:
+    """A message that does not come through run_turn.delay (which refuses bad requests at
+    submission): another producer, an old client, a hand-written message."""
+    return app.send_task("tasks.run_turn", args=list(args), kwargs=kwargs)
+
+
 @pytest.mark.parametrize(("payload", "named"), BAD_PAYLOADS)
 def test_a_bad_payload_is_dead_lettered_with_its_reason(
     jobs: Any, payload: dict[str, Any], named: str
 ) -> None:
-    failed = dead_letter_of(run_turn.delay(**payload))
+    failed = dead_letter_of(sent_around_run_turn_delay(**payload))
     assert failed.reason == "bad_payload"
     entry = job_context().dead_letters.get(failed.entry_id)
     assert entry is not None and entry["reason"] == "bad_payload"
@@ -84,7 +90,7 @@ def test_a_bad_payload_is_dead_lettered_with_its_reason(
 
 
 def test_positional_arguments_are_a_bad_payload(jobs: Any) -> None:
-    failed = dead_letter_of(run_turn.delay("demo", "c", "hi"))
+    failed = dead_letter_of(sent_around_run_turn_delay("demo", "c", "hi"))
     assert failed.reason == "bad_payload"
     assert_worker_still_serves()
 
@@ -96,7 +102,7 @@ def test_an_unknown_agent_is_dead_lettered_not_retried(jobs: Any) -> None:
     assert "nobody" in str(failed)
     assert job_context().records.get(result.id).attempt == 1  # type: ignore[union-attr]
     broken = dead_letter_of(run_turn.delay(agent="broken", conversation_id="d", message="hi"))
-    assert broken.reason == "unknown_agent"
+    assert broken.reason == "agent_unavailable"
     assert "not an agent.Agent" in job_context().dead_letters.get(broken.entry_id)["error"]  # type: ignore[index]
 
 

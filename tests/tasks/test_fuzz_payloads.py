@@ -9,8 +9,9 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tasks import TurnDeadLettered, run_turn
-from tasks.errors import Reason
+from tasks import TurnDeadLettered, app, run_turn
+from tasks.errors import InvalidTurnRequest, Reason
+from tasks.turns import check_request
 
 json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20)
 json_values = st.recursive(
@@ -61,13 +62,23 @@ def test_fuzzed_payloads_end_cleanly_on_a_real_worker(jobs: Any) -> None:
     )
     @given(payloads)
     def one(payload: dict[str, Any]) -> None:
-        result = run_turn.delay(**payload)
+        # Sent around run_turn.delay, whose submission check refuses what the worker would
+        # dead-letter as bad_payload: the worker must handle whatever arrives.
+        try:
+            check_request((), payload)
+        except InvalidTurnRequest:
+            refused = True
+        else:
+            refused = False
+        result = app.send_task("tasks.run_turn", kwargs=payload)
         try:
             reply = result.get(timeout=20)
         except TurnDeadLettered as exc:
             assert exc.reason in REASONS
+            assert exc.reason == "bad_payload" or not refused
             outcomes.append(exc.reason)
         else:
+            assert not refused, "submission refused a payload the worker ran"
             assert isinstance(reply["content"], str)
             outcomes.append("succeeded")
 

@@ -20,7 +20,15 @@ from redis.client import Monitor
 from redis.crc import key_slot
 
 from tasks.keys import Keys
-from tasks.records import Claim, ClaimStatus, Ended, TurnRecord, TurnRecords, TurnState
+from tasks.records import (
+    Claim,
+    ClaimStatus,
+    Ended,
+    Registered,
+    TurnRecord,
+    TurnRecords,
+    TurnState,
+)
 from tasks.testing import RedisServer, wait_until
 
 PREFIX = "luatest"
@@ -52,7 +60,7 @@ def records(client: redis.Redis) -> TurnRecords:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def register(records: TurnRecords, turn_id: str, namespace: str = NS, **options: Any) -> bool:
+def register(records: TurnRecords, turn_id: str, namespace: str = NS, **options: Any) -> Registered:
     return records.register(
         turn_id,
         payload=options.pop("payload", PAYLOAD),
@@ -132,7 +140,7 @@ def test_register_records_a_queued_turn_at_the_tail_of_its_conversation(
     records: TurnRecords, client: redis.Redis
 ) -> None:
     # Given a conversation with one turn already submitted
-    assert register(records, "t1")
+    assert register(records, "t1") is Registered.CREATED
     before = records.server_time_ms()
 
     # When a second turn is registered
@@ -140,7 +148,7 @@ def test_register_records_a_queued_turn_at_the_tail_of_its_conversation(
     after = records.server_time_ms()
 
     # Then it is queued behind the first, with its submission fields and the server's time
-    assert recorded is True
+    assert recorded is Registered.CREATED
     k = shard(records)
     assert client.lrange(k.queue(NS), 0, -1) == [b"t1", b"t2"]
     turn = record(records, "t2")
@@ -160,18 +168,20 @@ def test_register_again_leaves_the_recorded_turn_as_it_is(
     assert register(records, "t1")
     first = record(records, "t1")
 
-    # When the same turn id is registered again, with another payload and a checkpoint
-    again = register(records, "t1", payload=b'{"message":"other"}', checkpoint=CHECKPOINT_1)
+    # When the same turn id is registered again: with the same payload, then with another
+    same = register(records, "t1", checkpoint=CHECKPOINT_1)
+    other = register(records, "t1", payload=b'{"message":"other"}', checkpoint=CHECKPOINT_1)
 
-    # Then nothing changes: one queue entry, the first payload, no checkpoint
-    assert again is False
+    # Then the first is a resubmission, the second a conflict, and nothing changes: one queue
+    # entry, the first payload, no checkpoint
+    assert (same, other) == (Registered.EXISTS, Registered.CONFLICT)
     assert client.lrange(shard(records).queue(NS), 0, -1) == [b"t1"]
     assert record(records, "t1") == first
 
 
 def test_register_keeps_a_replays_checkpoint_and_origin(records: TurnRecords) -> None:
     # When a dead-letter replay registers its turn with the entry's checkpoint
-    assert register(records, "t1", checkpoint=CHECKPOINT_1, replay_of="dl-t0")
+    assert register(records, "t1", checkpoint=CHECKPOINT_1, replay_of="dl-t0") is Registered.CREATED
 
     # Then the record starts from that checkpoint and names the entry it replays
     turn = record(records, "t1")
@@ -183,7 +193,7 @@ def test_a_turn_without_a_namespace_is_recorded_but_queued_nowhere(
     records: TurnRecords, client: redis.Redis
 ) -> None:
     # When a payload too broken to name a conversation is registered
-    assert register(records, "bad", namespace="")
+    assert register(records, "bad", namespace="") is Registered.CREATED
 
     # Then it has a record and a pending entry (its worker dead-letters it), but no queue
     k = shard(records, "")
@@ -858,10 +868,10 @@ def lua_keys(client: redis.Redis, monitor: Monitor) -> list[str]:
 def lifecycle(records: TurnRecords, namespace: str) -> None:
     """Every script, through TurnRecords, for one conversation."""
     k = records.keys.for_namespace(namespace)
-    assert register(records, "t1", namespace)
-    assert not register(records, "t1", namespace)
-    assert register(records, "t2", namespace)
-    assert register(records, "t3", namespace)
+    assert register(records, "t1", namespace) is Registered.CREATED
+    assert register(records, "t1", namespace) is Registered.EXISTS
+    assert register(records, "t2", namespace) is Registered.CREATED
+    assert register(records, "t3", namespace) is Registered.CREATED
     records.unregister("t3", namespace)
     assert claim(records, "t2", namespace=namespace).status is ClaimStatus.NOT_HEAD
     assert claim(records, "t1", "tok-a", namespace=namespace).status is ClaimStatus.CLAIMED

@@ -1,0 +1,105 @@
+"""Stopping turns: cancel_turn and cancel_conversation (docs/operations.md, "Cancel and
+deadlines"), and the pump's deadline check.
+
+A cancel takes effect in the turn record at once, whatever the state: the turn ends as
+cancelled, its lease, retry and queue place are released and the next turn of the conversation
+is woken (tasks/lua/cancel.lua). A worker still running it is fenced out: it stops at its next
+check point (each tool call's event, each persisted round, the lease keeper's renewal) and its
+late writes are refused. Whoever ends a turn writes its Celery result, so result.get() raises
+TurnCancelled at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from tasks.context import JobContext, job_context
+from tasks.deadletter import file_dead_letter
+from tasks.errors import DeadlineExceeded, Reason
+from tasks.keys import ShardKeys
+from tasks.records import TurnState
+from tasks.results import store_final_result
+from tasks.store import namespace_for
+
+logger = logging.getLogger("agentjobs.control")
+
+
+def _wake(turn_id: str | None, namespace: str, agent: str, conversation_id: str) -> None:
+    from tasks.turns import wake  # the Celery tasks import this module's callers
+
+    wake(turn_id, namespace or None, agent, conversation_id)
+
+
+def cancel_turn(turn_id: str, *, reason: str = "") -> bool:
+    """True when the turn was unfinished and is now cancelled; False when it had already ended
+    or is unknown."""
+    ctx = job_context()
+    record = ctx.records.get(turn_id)
+    if record is None or record.state.terminal:
+        return False
+    ended = ctx.records.cancel(
+        turn_id, record.namespace, reason=reason, ttl_s=ctx.settings.record_ttl_s
+    )
+    if not ended.ended:
+        return False
+    cancelled = ctx.records.get(turn_id, record.namespace)
+    if cancelled is not None:
+        store_final_result(cancelled)
+    logger.info("turn %s cancelled%s", turn_id, f": {reason}" if reason else "")
+    _wake(ended.next_head, record.namespace, ended.next_head_agent, record.conversation_id)
+    return True
+
+
+def cancel_conversation(
+    conversation_id: str, identity: Mapping[str, Any] | None = None, *, reason: str = ""
+) -> int:
+    """Cancel every unfinished turn of the conversation; returns how many were cancelled."""
+    ctx = job_context()
+    namespace = namespace_for(conversation_id, identity)
+    queue = ctx.keys.for_namespace(namespace).queue(namespace)
+    turn_ids: Any = ctx.redis.lrange(queue, 0, -1)
+    # Last first: cancelling the head would wake the next one only to cancel it too.
+    return sum(cancel_turn(t.decode(), reason=reason) for t in reversed(turn_ids))
+
+
+def end_overdue_turns(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
+    """Dead-letter the shard's unfinished turns past their deadline, even one whose worker is
+    stuck in a tool forever: the conversation moves on. Returns how many."""
+    ended_count = 0
+    for due in ctx.records.take_due(shard, shard.deadlines, limit=limit, bump_ms=5000):
+        record = ctx.records.get(due.turn_id, due.namespace)
+        if record is None or record.state.terminal:
+            ctx.redis.zrem(shard.deadlines, due.turn_id)
+            continue
+        error = DeadlineExceeded(record.turn_id, str(record.state))
+        entry_id, text, ended = file_dead_letter(
+            ctx.records,
+            record,
+            "",  # forced: whoever holds the lease is past the deadline too
+            reason=Reason.DEADLINE_EXCEEDED,
+            error=error,
+            attempts=record.attempt,
+            checkpoint=b"",
+            base_run_id=_stored_run_id(ctx, record.namespace),
+        )
+        if not ended.ended:
+            continue
+        ended_count += 1
+        logger.warning(
+            "turn %s passed its deadline while %s: %s", record.turn_id, record.state, entry_id
+        )
+        final = ctx.records.get(record.turn_id, record.namespace)
+        if final is not None and final.state is TurnState.DEAD_LETTERED:
+            store_final_result(final, text)
+        _wake(ended.next_head, record.namespace, ended.next_head_agent, record.conversation_id)
+    return ended_count
+
+
+def _stored_run_id(ctx: JobContext, namespace: str) -> str:
+    try:
+        stored = ctx.store.load(namespace) if namespace else None
+    except Exception:
+        return ""
+    return stored.run_id if stored else ""
