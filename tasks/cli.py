@@ -84,12 +84,11 @@ def _stream_json_array(items: Iterator[Any]) -> None:
 
 
 def _console() -> Console:
-    # Wide enough for ids and errors when the output is a pipe or a log, not a terminal.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return Console(highlight=False, width=_width())
 
 
 def _width() -> int:
-    # COLUMNS, else the terminal's, else (a pipe) wide enough not to cut anything useful.
+    # COLUMNS, else the terminal's, else (a pipe, a log) wide enough for ids and errors.
     return shutil.get_terminal_size((200, 24)).columns
 
 
@@ -113,7 +112,7 @@ class Column:
     flexible: bool = False
 
 
-MIN_FLEXIBLE = 12
+MIN_FLEXIBLE = 16
 GAP = "  "
 
 
@@ -187,7 +186,8 @@ def stats(as_json: bool) -> None:
         return
     turns = figures["turns"]
     click.echo("turns          " + "  ".join(f"{state} {n}" for state, n in turns.items()))
-    click.echo(f"               (finished counts from {figures['finishedCountsFrom']})")
+    kept = human_s(ctx.settings.record_ttl_s)
+    click.echo(f"               (finished: records kept {kept}, AGENTJOBS_RECORD_TTL_S)")
     dead = figures["deadLetters"]
     reasons = ", ".join(f"{reason} {n}" for reason, n in dead["byReason"].items())
     click.echo(f"dead letters   {dead['total']}" + (f": {reasons}" if reasons else ""))
@@ -239,7 +239,7 @@ def print_dead_letters(entries: list[dict[str, Any]]) -> None:
         return
     columns = [
         Column("id"),
-        Column("reason", drop=6),
+        Column("reason"),
         Column("attempts", drop=5),
         Column("agent", drop=2),
         Column("conversation", drop=1),
@@ -259,10 +259,8 @@ def print_dead_letters(entries: list[dict[str, Any]]) -> None:
         for e in entries
     ]
     click.echo(format_table(columns, rows, _width()))
-    click.echo(
-        f"{_plural(len(entries), 'entry', 'entries')}. `agentjobs dlq show ID` for one, "
-        "`agentjobs dlq replay ID` to run it again."
-    )
+    click.echo(f"{_plural(len(entries), 'entry', 'entries')}.")
+    click.echo("`agentjobs dlq show ID` shows one; `agentjobs dlq replay ID` runs it again.")
 
 
 @dlq.command("show")
@@ -514,9 +512,10 @@ def conversation_show(
     elif view.checkpoint is None:
         click.echo("stored: nothing yet (its first turn has not finished)")
     else:
+        number = f" (turnNumber {data['turnNumber']})" if data["turnNumber"] else ""
         click.echo(
-            f"stored: {data['turns']} turns (turnNumber {data['turnNumber']}), "
-            f"{len(history)} messages, last runId {data['lastRunId']}"
+            f"stored: {_plural(data['turns'], 'turn', 'turns')}{number}, "
+            f"{_plural(len(history), 'message', 'messages')}, last runId {data['lastRunId']}"
         )
         for message in history[-5:]:
             click.echo(f"  {message.get('role')}: {_message_line(message, 70)}")
