@@ -1,20 +1,28 @@
-"""The `agentjobs` command: inspect and replay dead letters, read a turn's state, run the pump
-and the demo.
+"""The `agentjobs` command: what an operator needs to see and steer the job system.
 
+    agentjobs --version
+    agentjobs stats [--json]
+    agentjobs turn list [--state S] [--conversation C] [--agent A] [--limit N] [--json]
+    agentjobs turn show TURN_ID [--json]
+    agentjobs conversation show ID [--tenant T] [--principal P] [--json]
     agentjobs dlq list [--reason R] [--json]
     agentjobs dlq show ID [--json]
-    agentjobs dlq replay ID
-    agentjobs dlq purge [--reason R] [--older-than DURATION] [--yes]
-    agentjobs turn show TASK_ID [--json]
+    agentjobs dlq replay ID | --all [--reason R]
+    agentjobs dlq purge --reason R | --older-than DURATION | --all [--yes]
     agentjobs pump
     agentjobs demo
+
+An expected failure (Redis unreachable, a bad setting, an unknown id, a bad argument) is one line
+on stderr and a non-zero exit status, for every command at once (tasks/cli_errors.py).
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,8 +31,14 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from tasks.cli_errors import AgentjobsGroup, Failure
+from tasks.errors import Reason
+from tasks.records import TurnState
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+REASON = click.Choice([str(r) for r in Reason])
+STATE = click.Choice([str(s) for s in TurnState])
 
 
 def parse_duration_s(text: str) -> float:
@@ -33,6 +47,27 @@ def parse_duration_s(text: str) -> float:
     if match is None:
         raise click.BadParameter(f"{text!r} is not a duration like 90s, 15m, 2h or 7d")
     return float(match[1]) * _UNIT_S[match[2]]
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    name = "DURATION"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, float):
+            return value
+        seconds = parse_duration_s(str(value))
+        if seconds <= 0:
+            self.fail(f"{value!r} is not longer than nothing; --all deletes every entry")
+        return seconds
+
+
+def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.strip():
+        raise click.BadParameter("must not be empty; leave the option out to match any")
+    return value
+
+
+# ---- output --------------------------------------------------------------------------------
 
 
 def _print_json(value: Any) -> None:
@@ -49,8 +84,74 @@ def _stream_json_array(items: Iterator[Any]) -> None:
 
 
 def _console() -> Console:
-    # Wide enough for ids and errors when the output is a pipe or a log, not a terminal.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return Console(highlight=False, width=_width())
+
+
+def _width() -> int:
+    # COLUMNS, else the terminal's, else (a pipe, a log) wide enough for ids and errors.
+    return shutil.get_terminal_size((200, 24)).columns
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def human_s(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{seconds:.1f} s"
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    # 0: always shown in full (ids); otherwise dropped when the width runs out, lowest first.
+    drop: int = 0
+    # Cut to the width the other columns leave (at least MIN_FLEXIBLE), dropped last.
+    flexible: bool = False
+
+
+MIN_FLEXIBLE = 16
+GAP = "  "
+
+
+def format_table(columns: list[Column], rows: list[list[str]], width: int) -> str:
+    """A plain table within `width`: the flexible column is cut first, then columns are
+    dropped by priority; a `drop=0` column is never cut."""
+    natural = [max([len(c.header)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    shown = list(range(len(columns)))
+    while True:
+        fixed = sum(natural[i] for i in shown if not columns[i].flexible)
+        flexible = [i for i in shown if columns[i].flexible]
+        left = width - fixed - len(GAP) * (len(shown) - 1)
+        if left >= MIN_FLEXIBLE * len(flexible) and left >= 0:
+            break
+        droppable = sorted((columns[i].drop, i) for i in shown if columns[i].drop > 0)
+        if droppable:
+            shown.remove(droppable[0][1])
+        elif flexible:
+            shown.remove(flexible[-1])
+        else:
+            break  # only the columns shown in full are left: wider than asked, never cut
+    widths = {i: natural[i] for i in shown}
+    for i in flexible:
+        widths[i] = min(natural[i], left // len(flexible))
+
+    def line(cells: list[str]) -> str:
+        out = []
+        for i in shown:
+            cell = cells[i]
+            if len(cell) > widths[i]:
+                cell = cell[: widths[i] - 1] + "…"
+            out.append(cell.ljust(widths[i]))
+        return GAP.join(out).rstrip()
+
+    return "\n".join([line([c.header for c in columns]), *(line(r) for r in rows)])
+
+
+def _when(iso: str) -> str:
+    return iso[:19].replace("T", " ")
 
 
 def _context() -> Any:
@@ -59,9 +160,60 @@ def _context() -> Any:
     return job_context()
 
 
-@click.group()
+# ---- commands ------------------------------------------------------------------------------
+
+
+@click.group(cls=AgentjobsGroup, name="agentjobs")
+@click.version_option(
+    package_name="agentjobs", prog_name="agentjobs", message="%(prog)s %(version)s"
+)
 def main() -> None:
     """agentjobs: durable agent turns on Celery."""
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
+def stats(as_json: bool) -> None:
+    """Turns by state, dead letters by reason, retries due, the oldest runnable turn's age and
+    the pump's last heartbeat."""
+    from tasks.inspect import OVERDUE_PUMP_INTERVALS
+    from tasks.inspect import stats as read_stats
+
+    ctx = _context()
+    figures = read_stats(ctx)
+    if as_json:
+        _print_json(figures)
+        return
+    turns = figures["turns"]
+    click.echo("turns          " + "  ".join(f"{state} {n}" for state, n in turns.items()))
+    kept = human_s(ctx.settings.record_ttl_s)
+    click.echo(f"               (finished: records kept {kept}, AGENTJOBS_RECORD_TTL_S)")
+    dead = figures["deadLetters"]
+    reasons = ", ".join(f"{reason} {n}" for reason, n in dead["byReason"].items())
+    click.echo(f"dead letters   {dead['total']}" + (f": {reasons}" if reasons else ""))
+    due = figures["retriesDueNow"]
+    oldest_due = figures["oldestDueRetryAgeS"]
+    since = f" (the oldest was due {human_s(oldest_due)} ago)" if oldest_due is not None else ""
+    click.echo(f"retries due    {due}{since}")
+    oldest = figures["oldestQueuedAgeS"]
+    click.echo("oldest queued  " + (f"{human_s(oldest)} ago" if oldest is not None else "-"))
+    pump = figures["pump"]
+    beat = pump["lastHeartbeatAgeS"]
+    click.echo(
+        "pump           "
+        + (
+            f"last tick {human_s(beat)} ago"
+            if beat is not None
+            else "no heartbeat (no pump has run in AGENTJOBS_RECORD_TTL_S)"
+        )
+    )
+    if figures["retriesOverdue"] and pump["mayBeDown"]:
+        late_s = OVERDUE_PUMP_INTERVALS * ctx.settings.pump_interval_s
+        click.echo(
+            f"overdue        {_plural(figures['retriesOverdue'], 'waiting turn', 'waiting turns')}"
+            f" due more than {human_s(late_s)} ago: the pump may be down; start it with "
+            "`agentjobs pump`"
+        )
 
 
 @main.group()
@@ -70,7 +222,7 @@ def dlq() -> None:
 
 
 @dlq.command("list")
-@click.option("--reason", default=None, help="Only entries with this reason code.")
+@click.option("--reason", type=REASON, default=None, help="Only entries with this reason.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of entries.")
 def dlq_list(reason: str | None, as_json: bool) -> None:
     """List dead-lettered turns, oldest first."""
@@ -85,19 +237,30 @@ def print_dead_letters(entries: list[dict[str, Any]]) -> None:
     if not entries:
         click.echo("The dead-letter store is empty.")
         return
-    table = Table("id", "reason", "error", "attempts", "agent", "conversation", "last failed")
-    for entry in entries:
-        table.add_row(
-            entry["id"],
-            entry["reason"],
-            f"{entry['errorType']}: {entry['error']}"[:70],
-            str(entry["attempts"]),
-            entry["agent"],
-            entry["conversationId"],
-            entry["lastFailedAt"],
-        )
-    _console().print(table)
-    click.echo(f"{len(entries)} entries. `agentjobs dlq show ID` for one, `replay ID` to retry.")
+    columns = [
+        Column("id"),
+        Column("reason"),
+        Column("attempts", drop=5),
+        Column("agent", drop=2),
+        Column("conversation", drop=1),
+        Column("last failed", drop=3),
+        Column("error", flexible=True),
+    ]
+    rows = [
+        [
+            e["id"],
+            e["reason"],
+            str(e["attempts"]),
+            e["agent"],
+            e["conversationId"],
+            _when(e["lastFailedAt"]),
+            f"{e['errorType']}: {e['error']}",
+        ]
+        for e in entries
+    ]
+    click.echo(format_table(columns, rows, _width()))
+    click.echo(f"{_plural(len(entries), 'entry', 'entries')}.")
+    click.echo("`agentjobs dlq show ID` shows one; `agentjobs dlq replay ID` runs it again.")
 
 
 @dlq.command("show")
@@ -107,7 +270,7 @@ def dlq_show(entry_id: str, as_json: bool) -> None:
     """Show one dead-letter entry, its checkpoint included."""
     entry = _context().dead_letters.get(entry_id)
     if entry is None:
-        raise click.ClickException(f"no dead-letter entry {entry_id!r}")
+        raise Failure(f"no dead-letter entry {entry_id!r}; `agentjobs dlq list` shows them")
     if as_json:
         _print_json(entry)
         return
@@ -124,34 +287,60 @@ def dlq_show(entry_id: str, as_json: bool) -> None:
 
 
 @dlq.command("replay")
-@click.argument("entry_id")
-def dlq_replay(entry_id: str) -> None:
-    """Enqueue a dead-lettered turn again with a fresh retry budget."""
-    from tasks.deadletter import ReplayError
-
-    try:
-        replayed = _context().dead_letters.replay(entry_id)
-    except ReplayError as exc:
-        raise click.ClickException(str(exc)) from None
-    if not replayed.first:
-        click.echo(f"{entry_id} was already replayed as turn {replayed.turn_id}; not run again.")
+@click.argument("entry_id", required=False)
+@click.option("--all", "every", is_flag=True, help="Replay every entry (of --reason, if given).")
+@click.option("--reason", type=REASON, default=None, help="With --all: only this reason.")
+def dlq_replay(entry_id: str | None, every: bool, reason: str | None) -> None:
+    """Enqueue dead-lettered turns again, each as a new turn with a fresh retry budget: one
+    entry by ID, or --all of them (--reason R --all: those with that reason)."""
+    if entry_id is not None and (every or reason):
+        raise click.UsageError("give an entry ID or --all [--reason R], not both")
+    if entry_id is None and not every:
+        hint = f"add --all to replay every {reason} entry" if reason else "give an entry ID"
+        raise click.UsageError(f"say what to replay: {hint}, or --all for every entry")
+    store = _context().dead_letters
+    ids = (
+        [entry_id] if entry_id is not None else [e["id"] for e in store.list_entries(reason=reason)]
+    )
+    if not ids:
+        which = f" with reason {reason}" if reason else ""
+        click.echo(f"no dead-letter entries{which}; nothing replayed.")
         return
-    how = "resuming its checkpoint" if replayed.resumed_from_checkpoint else "from its message"
-    click.echo(f"replayed {entry_id} as turn {replayed.turn_id} ({how}).")
-    click.echo(f"follow it with `agentjobs turn show {replayed.turn_id}`")
+    new_ids = []
+    for one in ids:
+        replayed = store.replay(one)
+        new_ids.append(replayed.turn_id)
+        if not replayed.first:
+            click.echo(f"{one} was already replayed as turn {replayed.turn_id}; not run again.")
+            continue
+        how = "resuming its checkpoint" if replayed.resumed_from_checkpoint else "from its message"
+        click.echo(f"replayed {one} as turn {replayed.turn_id} ({how}).")
+    if len(ids) > 1:
+        click.echo(f"{_plural(len(ids), 'entry', 'entries')} replayed.")
+    click.echo(
+        f"follow it with `agentjobs turn show {new_ids[0]}`"
+        if len(new_ids) == 1
+        else "follow each with `agentjobs turn show NEW_ID`, or all with `agentjobs turn list`"
+    )
 
 
 @dlq.command("purge")
-@click.option("--reason", default=None, help="Only entries with this reason code.")
-@click.option("--older-than", "older_than", default=None, help="Only entries older than this.")
+@click.option("--reason", type=REASON, default=None, help="Entries with this reason.")
+@click.option("--older-than", "older_than_s", type=Duration(), help="Entries older, e.g. 7d.")
+@click.option("--all", "every", is_flag=True, help="Every entry.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def dlq_purge(reason: str | None, older_than: str | None, yes: bool) -> None:
-    """Delete dead-letter entries (all, or those matching the options)."""
-    older_than_s = parse_duration_s(older_than) if older_than else None
+def dlq_purge(reason: str | None, older_than_s: float | None, every: bool, yes: bool) -> None:
+    """Delete dead-letter entries: those of --reason, --older-than, both, or --all."""
+    if every and (reason or older_than_s is not None):
+        raise click.UsageError("--all deletes every entry: leave out --reason and --older-than")
+    if not every and reason is None and older_than_s is None:
+        raise click.UsageError(
+            "say which entries to delete: --reason R, --older-than 7d (or both), or --all"
+        )
     if not yes and sys.stdin.isatty():
         click.confirm("Delete the matching dead-letter entries?", abort=True)
     removed = _context().dead_letters.purge(reason=reason, older_than_s=older_than_s)
-    click.echo(f"purged {removed} entries.")
+    click.echo(f"purged {_plural(removed, 'entry', 'entries')}.")
 
 
 @main.group()
@@ -168,31 +357,171 @@ def describe_state(record: dict[str, Any]) -> str:
         when = datetime.fromtimestamp(due / 1000, UTC).isoformat(timespec="seconds") if due else "?"
         return f"waiting for retry (attempt {record.get('attempt')}) until {when}"
     if state == "dead_lettered":
-        return f"dead-lettered as {record.get('deadLetterId')} ({record.get('reason')})"
+        text = f"dead-lettered as {record.get('deadLetterId')} ({record.get('reason')})"
+        if record.get("replayedAs"):
+            text += f"; replayed as turn {record['replayedAs']}"
+        return text
     return str(state)
 
 
+def _listed(summary: dict[str, Any]) -> dict[str, Any]:
+    return {**summary, "describe": describe_state(summary)}
+
+
 @turn.command("show")
-@click.argument("task_id")
+@click.argument("turn_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
-def turn_show(task_id: str, as_json: bool) -> None:
+def turn_show(turn_id: str, as_json: bool) -> None:
     """Show a turn's state: queued, running at iteration N, waiting for a retry, done."""
-    record = _context().records.get(task_id)
+    from tasks.inspect import pump_may_be_down
+
+    ctx = _context()
+    record = ctx.records.get(turn_id)
     if record is None:
-        raise click.ClickException(f"no turn {task_id!r} (finished turns are kept for 7 days)")
+        kept = human_s(ctx.settings.record_ttl_s)
+        raise Failure(
+            f"no turn {turn_id!r}; finished turns are kept {kept} (AGENTJOBS_RECORD_TTL_S), "
+            "`agentjobs turn list` shows those there are"
+        )
     data = record.as_dict()
     data["describe"] = describe_state(data)
+    if record.state == TurnState.WAITING:
+        data["overdue"] = pump_may_be_down(ctx, record.due_at_ms)
     if as_json:
         _print_json(data)
         return
     table = Table("field", "value", show_header=False)
     table.add_row("state", data["describe"])
+    if data.get("overdue"):
+        table.add_row("overdue", "its retry is due but no pump took it: is `agentjobs pump` up?")
     for key in ("agent", "conversationId", "attempt", "deliveries", "worker", "lastError"):
         if data.get(key) not in (None, ""):
             table.add_row(key, str(data[key]))
+    if data.get("replayOf"):
+        table.add_row("replayOf", str(data["replayOf"]))
     if data.get("result"):
         table.add_row("result", orjson.dumps(data["result"]).decode()[:200])
     _console().print(table)
+    if record.replayed_as:
+        click.echo(f"follow the replay with `agentjobs turn show {record.replayed_as}`")
+
+
+@turn.command("list")
+@click.option("--state", type=STATE, default=None, help="Only turns in this state.")
+@click.option(
+    "--conversation", default=None, callback=_not_empty, help="Only this conversation id."
+)
+@click.option("--agent", default=None, callback=_not_empty, help="Only this agent.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of records.")
+def turn_list(
+    state: str | None, conversation: str | None, agent: str | None, limit: int, as_json: bool
+) -> None:
+    """List turns, newest first (finished ones while their records are kept)."""
+    from tasks.inspect import list_turns, summary_of
+
+    ctx = _context()
+    found = list_turns(ctx, state=state, conversation_id=conversation, agent=agent, limit=limit)
+    listed = [_listed(summary_of(r)) for r in found]
+    if as_json:
+        _print_json(listed)
+        return
+    if not listed:
+        kept = human_s(ctx.settings.record_ttl_s)
+        click.echo(f"no turns match (finished turns are kept {kept}).")
+        return
+    now_ms = ctx.records.server_time_ms()
+    columns = [
+        Column("turn id"),
+        Column("state", drop=5),
+        Column("age", drop=4),
+        Column("attempt", drop=1),
+        Column("agent", drop=2),
+        Column("conversation", flexible=True),
+    ]
+    rows = [
+        [
+            r["turnId"],
+            r["state"],
+            human_s(max(0, now_ms - r["createdAtMs"]) / 1000),
+            str(r["attempt"]),
+            r["agent"],
+            r["conversationId"],
+        ]
+        for r in listed
+    ]
+    click.echo(format_table(columns, rows, _width()))
+    more = " (--limit shows more)" if len(listed) == limit else ""
+    click.echo(f"{_plural(len(listed), 'turn', 'turns')}, newest first{more}.")
+
+
+@main.group()
+def conversation() -> None:
+    """Stored conversations."""
+
+
+def _message_line(message: dict[str, Any], width: int = 100) -> str:
+    content = message.get("content")
+    text = content if isinstance(content, str) else orjson.dumps(content).decode()
+    if not text and message.get("toolCalls"):
+        names = [str(call.get("name", "?")) for call in message["toolCalls"]]
+        text = f"[calls {', '.join(names)}]"
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@conversation.command("show")
+@click.argument("conversation_id")
+@click.option("--tenant", default=None, callback=_not_empty, help="The identity's tenant.")
+@click.option("--principal", default=None, callback=_not_empty, help="The identity's principal.")
+@click.option("--json", "as_json", is_flag=True, help="Print the conversation as JSON.")
+def conversation_show(
+    conversation_id: str, tenant: str | None, principal: str | None, as_json: bool
+) -> None:
+    """Show a stored conversation and its unfinished turns."""
+    from tasks.inspect import conversation_view, summary_of
+
+    identity = {k: v for k, v in (("tenant", tenant), ("principal", principal)) if v}
+    view = conversation_view(_context(), conversation_id, identity or None)
+    if not view.known:
+        who = f" of {', '.join(f'{k} {v!r}' for k, v in identity.items())}" if identity else ""
+        hint = "" if identity else " (--tenant/--principal select another identity's)"
+        raise Failure(f"no conversation {conversation_id!r}{who} is stored or queued{hint}")
+    history = (view.checkpoint.history or []) if view.checkpoint else []
+    unfinished = [_listed(summary_of(r)) for r in view.unfinished]
+    data: dict[str, Any] = {
+        "conversationId": view.conversation_id,
+        "namespace": view.namespace,
+        "stored": view.checkpoint is not None,
+        "unreadable": view.unreadable or None,
+        "turns": sum(1 for m in history if m.get("role") == "user"),
+        "turnNumber": view.checkpoint.turn_number if view.checkpoint else None,
+        "lastRunId": view.checkpoint.run_id if view.checkpoint else None,
+        "historyLength": len(history),
+        "lastMessages": [
+            {"role": m.get("role"), "content": _message_line(m, 500)} for m in history[-5:]
+        ],
+        "unfinishedTurns": unfinished,
+    }
+    if as_json:
+        _print_json(data)
+        return
+    click.echo(f"conversation {conversation_id} (namespace {view.namespace})")
+    if view.unreadable:
+        click.echo(f"stored: unreadable: {view.unreadable}")
+    elif view.checkpoint is None:
+        click.echo("stored: nothing yet (its first turn has not finished)")
+    else:
+        number = f" (turnNumber {data['turnNumber']})" if data["turnNumber"] else ""
+        click.echo(
+            f"stored: {_plural(data['turns'], 'turn', 'turns')}{number}, "
+            f"{_plural(len(history), 'message', 'messages')}, last runId {data['lastRunId']}"
+        )
+        for message in history[-5:]:
+            click.echo(f"  {message.get('role')}: {_message_line(message, 70)}")
+    click.echo(f"unfinished turns: {len(unfinished)}")
+    for record in unfinished:
+        click.echo(f"  {record['turnId']}  {record['describe']}")
 
 
 @main.command()

@@ -141,3 +141,9 @@ class Keys:
         ms) and the turns it holds prefetched but not started. The pump wakes the received
         turns of a worker whose heartbeat stopped, and removes it."""
         return f"{self.prefix}:workers"
+
+    @property
+    def pump_heartbeat(self) -> str:
+        """String: the server time (epoch ms) of the last pump tick that completed, any pump's.
+        Kept record_ttl_s, so `agentjobs stats` can tell how long ago a pump last ran."""
+        return f"{self.prefix}:pump:heartbeat"

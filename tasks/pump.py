@@ -205,6 +205,9 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
         started = time.monotonic()
         try:
             tick = pump_once(ctx, backlog)
+            ctx.redis.set(
+                ctx.keys.pump_heartbeat, ctx.records.server_time_ms(), ex=ctx.settings.record_ttl_s
+            )
         except redis.RedisError as exc:
             if down_since is None:  # one line per outage, not one per tick
                 logger.warning("pump: Redis unavailable (%s); retrying until it answers", exc)

@@ -1,0 +1,225 @@
+"""Read-only views of the job system for operators (`agentjobs turn list`, `conversation show`,
+`stats`): plain data out, nothing written, every time the Redis server's.
+
+Listing turns and counting finished ones walk the keyspace with SCAN (one pass, all shards,
+a page at a time), so they cost in proportion to the store and see a finished turn only while
+its record is kept (AGENTJOBS_RECORD_TTL_S). Unfinished turns are counted from the shard
+indices, which is cheap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from agent import AgentError, AgentRunCheckpoint
+from tasks.context import JobContext
+from tasks.errors import JobError
+from tasks.records import TurnRecord, TurnState
+from tasks.store import namespace_for
+
+# The record fields a listing needs: never the checkpoint, payload or result (they are large).
+_LISTED_FIELDS = (
+    "state",
+    "agent",
+    "conversation_id",
+    "namespace",
+    "attempt",
+    "deliveries",
+    "iteration",
+    "created_at_ms",
+    "updated_at_ms",
+    "finished_at_ms",
+    "due_at_ms",
+    "worker",
+    "last_error",
+    "dlq_id",
+    "reason",
+    "replay_of",
+    "replayed_as",
+)
+_PAGE = 500
+# A due retry the pump has not taken this many intervals later means no pump is running.
+OVERDUE_PUMP_INTERVALS = 5
+# Which shard index holds the unfinished turns of each state.
+_INDEX_OF_STATE = {"queued": "pending", "running": "running", "waiting": "retries"}
+
+
+def summary_of(record: TurnRecord) -> dict[str, Any]:
+    """A record for listings: as_dict without its large parts."""
+    data = record.as_dict()
+    for key in ("payload", "result", "checkpoint"):
+        data.pop(key)
+    return data
+
+
+def _turn_keys(ctx: JobContext) -> Iterator[str]:
+    # `{prefix}:{<shard>}:turn:<id>`; the regex drops other keys the glob also matches.
+    exact = re.compile(re.escape(ctx.keys.prefix) + r":\{\d+\}:turn:.+")
+    for key in ctx.redis.scan_iter(match=f"{ctx.keys.prefix}:{{*}}:turn:*", count=_PAGE):
+        text = key.decode() if isinstance(key, bytes) else str(key)
+        if exact.fullmatch(text):
+            yield text
+
+
+def _pages(keys: Iterator[str]) -> Iterator[list[str]]:
+    page: list[str] = []
+    for key in keys:
+        page.append(key)
+        if len(page) == _PAGE:
+            yield page
+            page = []
+    if page:
+        yield page
+
+
+def iter_turns(ctx: JobContext) -> Iterator[TurnRecord]:
+    """Every turn record kept, in no particular order, without checkpoint, payload or result."""
+    for page in _pages(_turn_keys(ctx)):
+        with ctx.redis.pipeline(transaction=False) as pipe:
+            for key in page:
+                pipe.hmget(key, _LISTED_FIELDS)
+            rows: list[Any] = pipe.execute()
+        for key, values in zip(page, rows, strict=True):
+            fields = {
+                name: value for name, value in zip(_LISTED_FIELDS, values, strict=True) if value
+            }
+            if "state" in fields:  # gone (expired) since the scan saw it
+                yield TurnRecord.from_redis(key.split(":turn:", 1)[1], fields)
+
+
+def list_turns(
+    ctx: JobContext,
+    *,
+    state: str | None = None,
+    conversation_id: str | None = None,
+    agent: str | None = None,
+    limit: int = 50,
+) -> list[TurnRecord]:
+    """The newest `limit` turns (by submission time) matching every filter given."""
+    matching = (
+        r
+        for r in iter_turns(ctx)
+        if state in (None, r.state)
+        and conversation_id in (None, r.conversation_id)
+        and agent in (None, r.agent)
+    )
+    return heapq.nlargest(limit, matching, key=lambda r: (r.created_at_ms, r.turn_id))
+
+
+@dataclass(frozen=True)
+class ConversationView:
+    conversation_id: str
+    namespace: str
+    checkpoint: AgentRunCheckpoint | None
+    unreadable: str  # why the stored conversation could not be read, or ""
+    unfinished: list[TurnRecord] = field(default_factory=list)
+
+    @property
+    def known(self) -> bool:
+        return self.checkpoint is not None or bool(self.unreadable) or bool(self.unfinished)
+
+
+def conversation_view(
+    ctx: JobContext, conversation_id: str, identity: Mapping[str, Any] | None = None
+) -> ConversationView:
+    """The stored conversation and the unfinished turns in its queue, in submission order."""
+    namespace = namespace_for(conversation_id, identity)
+    checkpoint, unreadable = None, ""
+    try:
+        checkpoint = ctx.store.load(namespace)
+    except (JobError, AgentError) as exc:
+        unreadable = str(exc)
+    queue: list[Any] = ctx.redis.lrange(ctx.keys.for_namespace(namespace).queue(namespace), 0, -1)
+    unfinished = []
+    for raw in queue:
+        record = ctx.records.get(raw.decode(), namespace)
+        if record is not None:
+            unfinished.append(record)
+    return ConversationView(conversation_id, namespace, checkpoint, unreadable, unfinished)
+
+
+def stats(ctx: JobContext) -> dict[str, Any]:
+    """Turns by state, dead letters by reason, retries due, the oldest runnable turn's age and
+    the pump's heartbeat, as one JSON-ready dict (camelCase keys, ages in seconds)."""
+    records, settings = ctx.records, ctx.settings
+    now_ms = records.server_time_ms()
+    overdue_ms = int(OVERDUE_PUMP_INTERVALS * settings.pump_interval_s * 1000)
+    shards = ctx.keys.all_shards()
+    with ctx.redis.pipeline(transaction=False) as pipe:
+        for shard in shards:
+            pipe.zcard(shard.pending)
+            pipe.zcard(shard.running)
+            pipe.zcard(shard.retries)
+            pipe.zcount(shard.retries, "-inf", now_ms)
+            pipe.zcount(shard.retries, "-inf", now_ms - overdue_ms)
+            pipe.zrangebyscore(shard.retries, "-inf", now_ms, start=0, num=1, withscores=True)
+            pipe.zrange(shard.pending, 0, -1)
+            pipe.hvals(shard.dead_letters)
+        pipe.get(ctx.keys.pump_heartbeat)
+        replies: list[Any] = pipe.execute()
+    heartbeat_raw = replies.pop()
+    turns: Counter[str] = Counter()
+    due_now = overdue = 0
+    oldest_due_ms: int | None = None
+    reasons: Counter[str] = Counter()
+    queued_ages: list[int] = []
+    for n, shard in enumerate(shards):
+        queued, running, waiting, due, late, first_due, pending, dead = replies[n * 8 : n * 8 + 8]
+        turns.update(queued=queued, running=running, waiting=waiting)
+        due_now += due
+        overdue += late
+        if first_due:
+            score = int(first_due[0][1])
+            oldest_due_ms = score if oldest_due_ms is None else min(oldest_due_ms, score)
+        reasons.update(orjson.loads(raw).get("reason", "?") for raw in dead)
+        # A pending score is the turn's last wake, not its submission: read when it was made.
+        if pending:
+            with ctx.redis.pipeline(transaction=False) as pipe:
+                for member in pending:
+                    pipe.hget(shard.turn(member.decode()), "created_at_ms")
+                queued_ages += [now_ms - int(v) for v in pipe.execute() if v]
+    finished: Counter[str] = Counter(
+        str(r.state) for r in iter_turns(ctx) if str(r.state) not in _INDEX_OF_STATE
+    )
+    heartbeat_ms = int(heartbeat_raw) if heartbeat_raw else None
+    heartbeat_age_s = (now_ms - heartbeat_ms) / 1000 if heartbeat_ms is not None else None
+    pump_silent = heartbeat_age_s is None or heartbeat_age_s * 1000 > overdue_ms
+    by_state = {str(s): 0 for s in TurnState}
+    by_state.update(turns)
+    by_state.update(finished)
+    return {
+        "serverTimeMs": now_ms,
+        "turns": by_state,
+        "finishedCountsFrom": (
+            f"turn records, kept AGENTJOBS_RECORD_TTL_S ({settings.record_ttl_s} s) after a "
+            "turn ends"
+        ),
+        "deadLetters": {"total": sum(reasons.values()), "byReason": dict(sorted(reasons.items()))},
+        "retriesDueNow": due_now,
+        # Due more than OVERDUE_PUMP_INTERVALS ago and not yet taken by a pump.
+        "retriesOverdue": overdue,
+        "oldestQueuedAgeS": max(queued_ages) / 1000 if queued_ages else None,
+        "oldestDueRetryAgeS": (now_ms - oldest_due_ms) / 1000 if oldest_due_ms else None,
+        "pump": {
+            "lastHeartbeatMs": heartbeat_ms,
+            "lastHeartbeatAgeS": heartbeat_age_s,
+            "mayBeDown": pump_silent,
+        },
+    }
+
+
+def pump_may_be_down(ctx: JobContext, due_at_ms: int) -> bool:
+    """Whether a retry due at `due_at_ms` is overdue with no pump heartbeat to explain it."""
+    now_ms = ctx.records.server_time_ms()
+    overdue_ms = int(OVERDUE_PUMP_INTERVALS * ctx.settings.pump_interval_s * 1000)
+    if due_at_ms > now_ms - overdue_ms:
+        return False
+    beat = ctx.redis.get(ctx.keys.pump_heartbeat)
+    return beat is None or int(beat) < now_ms - overdue_ms
