@@ -9,7 +9,8 @@ from typing import Any
 from agent import AgentRunCheckpoint
 from tasks.app import app
 from tasks.context import job_context
-from tasks.errors import Reason, TurnDeadLettered
+from tasks.control import cancel_conversation, cancel_turn
+from tasks.errors import InvalidTurnRequest, Reason, TurnCancelled, TurnDeadLettered
 from tasks.events import TurnEvent, iter_events
 from tasks.records import TurnState
 from tasks.status import TurnStatus, turn_status
@@ -31,12 +32,16 @@ def load_conversation(
 
 
 __all__ = [
+    "InvalidTurnRequest",
     "Reason",
+    "TurnCancelled",
     "TurnDeadLettered",
     "TurnEvent",
     "TurnState",
     "TurnStatus",
     "app",
+    "cancel_conversation",
+    "cancel_turn",
     "iter_events",
     "load_conversation",
     "resume_turn",

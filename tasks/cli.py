@@ -356,6 +356,9 @@ def describe_state(record: dict[str, Any]) -> str:
         due = record.get("dueAtMs")
         when = datetime.fromtimestamp(due / 1000, UTC).isoformat(timespec="seconds") if due else "?"
         return f"waiting for retry (attempt {record.get('attempt')}) until {when}"
+    if state == "cancelled":
+        why = record.get("cancelReason")
+        return f"cancelled: {why}" if why else "cancelled"
     if state == "dead_lettered":
         text = f"dead-lettered as {record.get('deadLetterId')} ({record.get('reason')})"
         if record.get("replayedAs"):
@@ -404,6 +407,57 @@ def turn_show(turn_id: str, as_json: bool) -> None:
     _console().print(table)
     if record.replayed_as:
         click.echo(f"follow the replay with `agentjobs turn show {record.replayed_as}`")
+
+
+# `turn watch` exit statuses: how the turn ended.
+WATCH_EXIT = {"turn.succeeded": 0, "turn.dead_lettered": 3, "turn.cancelled": 4}
+
+
+@turn.command("watch")
+@click.argument("turn_id")
+@click.option("--after", default=None, help="Start after this event id (to resume watching).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
+def turn_watch(turn_id: str, after: str | None, as_json: bool) -> None:
+    """Print a turn's events as they happen, until it ends. Exit status: 0 succeeded,
+    3 dead-lettered, 4 cancelled."""
+    from tasks.events import iter_events
+
+    _context()  # settings and Redis first: their failures read as such
+    last = ""
+    for event in iter_events(turn_id, after=after):
+        last = event.type
+        if as_json:
+            line = {
+                "id": event.id,
+                "type": event.type,
+                "turnId": event.turn_id,
+                "attempt": event.attempt,
+                "iteration": event.iteration,
+                "at": event.at.isoformat(timespec="milliseconds"),
+                "data": event.data,
+            }
+            click.echo(orjson.dumps(line).decode())
+        else:
+            detail = orjson.dumps(event.data).decode() if event.data else ""
+            when = event.at.isoformat(timespec="milliseconds")
+            click.echo(f"{when}  {event.type:20} attempt {event.attempt}  {detail}"[:200])
+    raise SystemExit(WATCH_EXIT.get(last, 0))
+
+
+@turn.command("cancel")
+@click.argument("turn_id")
+@click.option("--reason", default="", help="Why (kept in the record and the event).")
+def turn_cancel(turn_id: str, reason: str) -> None:
+    """Cancel an unfinished turn, whatever its state; the next turn of its conversation runs."""
+    from tasks.control import cancel_turn
+
+    if cancel_turn(turn_id, reason=reason):
+        click.echo(f"cancelled turn {turn_id}.")
+        return
+    record = _context().records.get(turn_id)
+    if record is None:
+        raise Failure(f"no turn {turn_id!r}; `agentjobs turn list` shows those there are")
+    click.echo(f"turn {turn_id} had already ended ({record.state}); nothing to cancel.")
 
 
 @turn.command("list")

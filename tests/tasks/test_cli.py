@@ -15,7 +15,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from tasks import TurnDeadLettered, app, load_conversation, run_turn
+from tasks import TurnDeadLettered, app, iter_events, load_conversation, run_turn
 from tasks.cli import main, parse_duration_s
 from tasks.context import job_context
 from tasks.records import TurnState
@@ -445,6 +445,7 @@ def test_readme_operating_it_runs_as_written(make_jobs: Any) -> None:
         "R": "max_attempts",
         "ID": spent[0].entry_id,
         "TURN_ID": done.id,
+        "EVENT_ID": next(iter_events(done.id)).id,
     }
     lines = operating_lines()
     # Every command there is appears in README's block

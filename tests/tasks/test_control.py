@@ -9,6 +9,7 @@ import signal
 import time
 from typing import Any
 
+import orjson
 import pytest
 
 from tasks import (
@@ -178,3 +179,34 @@ def test_an_agent_whose_factory_fails_is_unavailable_not_unknown(jobs: Any) -> N
     assert "settings are missing" in str(failed.value)
     logs = jobs.logs()
     assert logs.count("agent 'raising' is unavailable") == 1, "logged once, at start"
+
+
+def test_turn_watch_and_turn_cancel_on_the_command_line(make_jobs: Any) -> None:
+    from click.testing import CliRunner
+
+    from tasks.cli import main
+    from tests.tasks.test_cli import cli
+
+    jobs = make_jobs()
+    jobs.worker()
+    done = run_turn.delay(agent="demo", conversation_id="c-cli", message="hello rounds:1")
+    done.get(timeout=20)
+    watched = cli("turn", "watch", done.id)
+    assert watched.splitlines()[0].split()[1] == "turn.queued"
+    assert "tool.started" in watched and watched.splitlines()[-1].split()[1] == "turn.succeeded"
+    as_json = [orjson.loads(line) for line in cli("turn", "watch", done.id, "--json").splitlines()]
+    assert as_json[-1]["type"] == "turn.succeeded" and as_json[-1]["turnId"] == done.id
+    rest = cli("turn", "watch", done.id, "--after", as_json[1]["id"], "--json").splitlines()
+    assert [orjson.loads(line)["id"] for line in rest] == [e["id"] for e in as_json[2:]]
+    # A queued turn behind a slow one, cancelled from the command line: watch exits 4
+    slow = run_turn.delay(agent="demo", conversation_id="c-cli2", message="slow think:3")
+    queued = run_turn.delay(agent="demo", conversation_id="c-cli2", message="behind")
+    assert "cancelled turn" in cli("turn", "cancel", queued.id, "--reason", "no longer needed")
+    assert "already ended" in cli("turn", "cancel", queued.id)
+    watch = CliRunner().invoke(main, ["turn", "watch", queued.id], catch_exceptions=False)
+    assert watch.exit_code == 4, watch.output
+    assert watch.stdout.splitlines()[-1].split()[1] == "turn.cancelled"
+    assert "no longer needed" in cli("turn", "show", queued.id)
+    assert "no turn" in cli("turn", "cancel", "nope", exit_code=1)
+    assert "no turn" in cli("turn", "watch", "nope", exit_code=1)
+    slow.get(timeout=20)

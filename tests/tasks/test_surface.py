@@ -11,12 +11,16 @@ import tasks
 from tests.conftest import ROOT
 
 PINNED_ALL = [
+    "InvalidTurnRequest",
     "Reason",
+    "TurnCancelled",
     "TurnDeadLettered",
     "TurnEvent",
     "TurnState",
     "TurnStatus",
     "app",
+    "cancel_conversation",
+    "cancel_turn",
     "iter_events",
     "load_conversation",
     "resume_turn",
