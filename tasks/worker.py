@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 import orjson
 import redis
 from celery import bootsteps
+from celery.utils.functional import maybe_list
+from celery.worker import control
 from celery.worker import state as worker_state
 
 from tasks.context import JobContext, job_context
@@ -88,6 +90,31 @@ class Presence:
                 logger.warning("worker heartbeat failed: %s", exc)
             if self._stop.wait(interval_s):
                 return
+
+
+_celery_revoke = control.Panel.data["revoke"]
+
+
+@control.control_command(variadic="task_id", signature="[id1 [id2 [... [idN]]]]")  # type: ignore[untyped-decorator]
+def revoke(
+    state: Any, task_id: Any, terminate: bool = False, signal: Any = None, **kwargs: Any
+) -> Any:
+    """Celery's revoke (and Flower's button), for turns: cancel the turn as cancel_turn does
+    (every worker gets the broadcast; the first cancels, the rest find it ended). Revoking
+    only in worker memory would leave the conversation waiting on a turn that never ends,
+    and lose the revoke at the next restart. Other task ids are revoked as Celery does."""
+    from tasks.control import cancel_turn
+
+    ctx = job_context()
+    others = []
+    for one in maybe_list(task_id) or []:
+        if ctx.records.get(str(one)) is None:
+            others.append(one)
+        elif cancel_turn(str(one), reason="revoked"):
+            logger.info("turn %s revoked: cancelled", one)
+    if others:
+        return _celery_revoke(state, others, terminate, signal, **kwargs)
+    return {"ok": "turns cancelled"}
 
 
 class PresenceStep(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -15,6 +15,7 @@ import pytest
 from tasks import (
     TurnDeadLettered,
     TurnState,
+    app,
     iter_events,
     load_conversation,
     run_turn,
@@ -210,3 +211,29 @@ def test_turn_watch_and_turn_cancel_on_the_command_line(make_jobs: Any) -> None:
     assert "no turn" in cli("turn", "cancel", "nope", exit_code=1)
     assert "no turn" in cli("turn", "watch", "nope", exit_code=1)
     slow.get(timeout=20)
+
+
+def test_celery_revoke_cancels_the_turn_and_a_restart_does_not_run_it(make_jobs: Any) -> None:
+    jobs = make_jobs()
+    worker = jobs.worker()
+    jobs.pump()
+    # Given a turn queued behind a running one
+    running = run_turn.delay(agent="demo", conversation_id="c-rv", message="busy think:2")
+    queued = run_turn.delay(agent="demo", conversation_id="c-rv", message="revoked one")
+    wait_until(lambda: state_of(running.id) is TurnState.RUNNING, 10, "the first turn")
+    # When it is revoked as Flower's button does
+    app.control.revoke(queued.id)
+    # Then it is cancelled: result.get() raises, the conversation goes on
+    with pytest.raises(TurnCancelled):
+        queued.get(timeout=10)
+    running.get(timeout=20)
+    # And after a worker restart it still does not run
+    worker.stop()
+    jobs.worker(name="w2")
+    after = run_turn.delay(agent="demo", conversation_id="c-rv", message="after")
+    assert after.get(timeout=20)["turnNumber"] == 2
+    assert state_of(queued.id) is TurnState.CANCELLED
+    stored = load_conversation("c-rv")
+    assert stored is not None
+    users = [m["content"] for m in stored.history if m["role"] == "user"]
+    assert users == ["busy think:2", "after"]
