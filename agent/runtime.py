@@ -23,8 +23,13 @@ stops with RunCheckpointError (that error as its cause, the last progress as its
 
 Tool calls: the same doors take `on_tool_call`, called with a ToolCallReport just before a
 registered tool runs (`started`) and just after it returns or raises (`finished`, with `ok`
-False when it raised). A call to an unknown tool runs nothing and reports nothing. If the hook
-raises, the run stops with RunCheckpointError, as for the other hooks.
+False when it raised or timed out). A call to an unknown tool runs nothing and reports nothing.
+If the hook raises, the run stops with RunCheckpointError, as for the other hooks.
+
+Tool timeouts: a tool's `timeout_s`, or else the agent's `tool_timeout_s`, limits each call of
+it. A call past its limit is left running in its thread (Python cannot stop one) and its result
+is dropped: the tool message says `[timed out] ...`, the `finished` report has `ok` False, the
+identical-call note does not count it, and the loop goes on. A tool without a limit runs inline.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from typing import Any, Literal
 
 from agent.checkpoint import AgentRunCheckpoint, checkpoint_from_any
@@ -69,6 +75,7 @@ from agent.messages import (
 from agent.middleware import InputMiddleware, run_input_chain
 from agent.repeated_calls import RepeatedCalls
 from agent.skills import SkillGraph
+from agent.timeouts import CallTimedOut, call_with_timeout, check_timeout_s
 from agent.tools import Tool, ToolContext, tool_result_text, unknown_tool_text
 
 DEFAULT_AGENT_ID = "agent"
@@ -109,7 +116,7 @@ class ToolCallReport:
     phase: ToolCallPhase
     tool: str
     tool_call_id: str
-    ok: bool | None = None  # for `finished`: False when the tool raised
+    ok: bool | None = None  # for `finished`: False when the tool raised or timed out
 
 
 ProgressHook = Callable[[AgentRunCheckpoint], object]
@@ -226,7 +233,8 @@ class Agent:
     Layers (all optional): `input_middleware` (the 'input' chain), `time` (a TimeLayer: accept a
     `time` input), `honesty` ({'inputs': True, ...}: write turnNumber), `skills` (a SkillGraph),
     `compaction` (fold old messages into summaries), `evidence_check` (one bounded revision of
-    the answer per turn).
+    the answer per turn). `tool_timeout_s` is the time limit of every tool call whose tool has
+    no `timeout_s` of its own (None: no limit).
     """
 
     def __init__(
@@ -244,6 +252,7 @@ class Agent:
         skills: SkillGraph | None = None,
         compaction: Compaction | None = None,
         evidence_check: EvidenceCheck | None = None,
+        tool_timeout_s: float | None = None,
     ) -> None:
         if not callable(getattr(provider, "complete", None)):
             raise TypeError("Agent(provider=...) needs an object with complete(request)")
@@ -271,6 +280,7 @@ class Agent:
         self.skills = skills
         self.compaction = compaction
         self.evidence_check = evidence_check
+        self.tool_timeout_s = check_timeout_s(tool_timeout_s, "Agent(tool_timeout_s=...)")
         self._lock = threading.Lock()
         self._active_run_id: str | None = None
         self._ever_ran = False
@@ -590,8 +600,8 @@ class Agent:
         for call in message["toolCalls"]:
             name, call_id, args = call["name"], call["id"], call["args"]
             state.bracket = ("tool", name or "tool")
-            content, ran = self._call_tool(state, name, call_id, args)
-            if ran:
+            content, landed = self._call_tool(state, name, call_id, args)
+            if landed:
                 content += state.repeats.note_for(name, args, content)
             state.bracket = None
             history.append(tool_message(call_id, name, content))
@@ -600,7 +610,8 @@ class Agent:
     def _call_tool(
         self, state: _Run, name: str, call_id: str, args: Mapping[str, Any]
     ) -> tuple[str, bool]:
-        """The tool result text, and whether the tool ran (a call to an unknown tool did not)."""
+        """The tool result text, and whether it landed: a result of the tool, which the
+        identical-call note counts (a call to an unknown tool or a timed-out call is not)."""
         found = self._tools_by_name.get(name)
         if found is None:
             return unknown_tool_text(name), False
@@ -614,17 +625,24 @@ class Agent:
         hook = state.on_tool_call
         if hook is not None:
             hook(ToolCallReport(ToolCallPhase.STARTED, name, call_id))
+        limit = found.timeout_s if found.timeout_s is not None else self.tool_timeout_s
+        call = partial(found.call, plain_json(args), ctx)
+        landed = True
         try:
-            text, ok = tool_result_text(found.call(plain_json(args), ctx)), True
+            value = call() if limit is None else call_with_timeout(call, limit, name=name)
+            text, ok = tool_result_text(value), True
         except ToolAbort:
             raise
+        except CallTimedOut as timed_out:
+            # Left running in its thread; the model decides what to do without its result.
+            text, ok, landed = str(timed_out), False, False
         except Exception as exc:
             # Reported to the model, which decides what to do next (fixture c1); an empty
             # message is an empty result, as the reference writes it.
             text, ok = unicode_text(str(exc)), False
         if hook is not None:
             hook(ToolCallReport(ToolCallPhase.FINISHED, name, call_id, ok))
-        return text, True
+        return text, landed
 
     def _needs_revision(self, state: _Run, answer: str) -> bool:
         if self.evidence_check is None or state.revision_spent:
