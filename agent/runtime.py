@@ -26,6 +26,14 @@ registered tool runs (`started`) and just after it returns or raises (`finished`
 False when it raised or timed out). A call to an unknown tool runs nothing and reports nothing.
 If the hook raises, the run stops with RunCheckpointError, as for the other hooks.
 
+Model calls: the same doors take `on_model_call`, called with a ModelCallReport just before each
+call of the provider's `complete` (`started`) and just after it returns (`finished`, `ok` True,
+`usage` the response's integer counts when it has any) or raises (`finished`, `ok` False,
+`error_type` the exception's class name; the exception then propagates as it would without the
+hook). A host checks for cancellation at `started` and keeps telemetry from both. If the hook
+raises at `started`, the model is not called; whenever it raises, the run stops with
+RunCheckpointError, failure phase `llm`.
+
 Tool timeouts: a tool's `timeout_s`, or else the agent's `tool_timeout_s`, limits each call of
 it. A call past its limit is left running in its thread (Python cannot stop one) and its result
 is dropped: the tool message says `[timed out] ...`, the `finished` report has `ok` False, the
@@ -119,8 +127,25 @@ class ToolCallReport:
     ok: bool | None = None  # for `finished`: False when the tool raised or timed out
 
 
+class ModelCallPhase(StrEnum):
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCallReport:
+    phase: ModelCallPhase
+    model: str
+    iteration: int
+    ok: bool | None = None  # for `finished`: False when the provider raised
+    usage: Mapping[str, int] | None = None  # for `finished`: the response's counts, if any
+    error_type: str | None = None  # for `finished` with ok False: the exception's class name
+    provider: str = ""  # the provider's `name`
+
+
 ProgressHook = Callable[[AgentRunCheckpoint], object]
 ToolCallHook = Callable[[ToolCallReport], object]
+ModelCallHook = Callable[[ModelCallReport], object]
 ReportHook = Callable[[ProgressReport], object]
 EvidenceCheck = Callable[[str, Sequence[Message]], "str | None"]
 
@@ -225,6 +250,7 @@ class _Run:
     # Identical-call landings of this run: the count restarts with every run (p02).
     repeats: RepeatedCalls = field(default_factory=RepeatedCalls)
     on_tool_call: ToolCallHook | None = None
+    on_model_call: ModelCallHook | None = None
 
 
 class Agent:
@@ -297,6 +323,7 @@ class Agent:
         on_progress: ProgressHook | None = None,
         on_report: ReportHook | None = None,
         on_tool_call: ToolCallHook | None = None,
+        on_model_call: ModelCallHook | None = None,
     ) -> AgentResult:
         """One turn. With `continue_from` it continues that conversation with a new user turn."""
         request = normalize_input(input)
@@ -322,6 +349,7 @@ class Agent:
             state = self._new_run(run_id, request.message, history, caller, turn, stored, run_time)
             state.clock = self._clock_for(state, stored, run_time, resuming=False)
             state.on_tool_call = on_tool_call
+            state.on_model_call = on_model_call
             reporter = _reporter(on_progress, on_report)
             return self._execute(state, append_user=True, reporter=reporter)
         finally:
@@ -336,6 +364,7 @@ class Agent:
         on_progress: ProgressHook | None = None,
         on_report: ReportHook | None = None,
         on_tool_call: ToolCallHook | None = None,
+        on_model_call: ModelCallHook | None = None,
     ) -> AgentResult:
         """Continue this instance's last finished conversation with `message`."""
         with self._lock:
@@ -352,6 +381,7 @@ class Agent:
             on_progress=on_progress,
             on_report=on_report,
             on_tool_call=on_tool_call,
+            on_model_call=on_model_call,
         )
 
     def resume_on_error(
@@ -363,6 +393,7 @@ class Agent:
         on_progress: ProgressHook | None = None,
         on_report: ReportHook | None = None,
         on_tool_call: ToolCallHook | None = None,
+        on_model_call: ModelCallHook | None = None,
     ) -> AgentResult:
         """Re-run the failed turn of `checkpoint`: same history, same turn, nothing appended."""
         run_id = self._claim("resume_on_error")
@@ -385,6 +416,7 @@ class Agent:
                 state.pending_instruction = pending["instruction"] if pending else None
             state.clock = self._clock_for(state, stored, run_time, resuming=True)
             state.on_tool_call = on_tool_call
+            state.on_model_call = on_model_call
             reporter = _reporter(on_progress, on_report)
             return self._execute(state, append_user=False, reporter=reporter)
         finally:
@@ -577,17 +609,51 @@ class Agent:
 
     def _call_model(self, state: _Run, *, offer_tools: bool) -> LLMResponse:
         state.bracket = ("llm", "call-llm")
-        response = self.provider.complete(self._request(state, offer_tools=offer_tools))
-        if not isinstance(response, LLMResponse):
-            raise TypeError(
-                f"provider {getattr(self.provider, 'name', '?')} returned "
-                f"{type(response).__name__}, not an LLMResponse"
-            )
+        request = self._request(state, offer_tools=offer_tools)
+        hook = state.on_model_call
+        if hook is not None:
+            hook(self._model_report(state, ModelCallPhase.STARTED))
+        try:
+            response = self.provider.complete(request)
+            if not isinstance(response, LLMResponse):
+                raise TypeError(
+                    f"provider {self._provider_name()} returned "
+                    f"{type(response).__name__}, not an LLMResponse"
+                )
+        except Exception as exc:
+            if hook is not None:
+                hook(self._model_report(state, ModelCallPhase.FINISHED, error=exc))
+            raise
+        if hook is not None:
+            usage = None if response.usage is None else _int_usage(response.usage)
+            hook(self._model_report(state, ModelCallPhase.FINISHED, usage=usage))
         state.bracket = None
         _add_usage(state.usage, response.usage)
         if state.pending_instruction is not None:
             state.pending_instruction = None  # the request that carried it completed
         return response
+
+    def _provider_name(self) -> str:
+        return str(getattr(self.provider, "name", None) or type(self.provider).__name__)
+
+    def _model_report(
+        self,
+        state: _Run,
+        phase: ModelCallPhase,
+        *,
+        usage: Mapping[str, int] | None = None,
+        error: Exception | None = None,
+    ) -> ModelCallReport:
+        ok = None if phase is ModelCallPhase.STARTED else error is None
+        return ModelCallReport(
+            phase=phase,
+            model=self.model,
+            iteration=state.iteration,
+            ok=ok,
+            usage=usage,
+            error_type=None if error is None else type(error).__name__,
+            provider=self._provider_name(),
+        )
 
     def _ask_for_wrap_up(self, state: _Run) -> None:
         """The budget is spent and the model still wants tools: the calls do not run and the
@@ -781,10 +847,18 @@ def _count_users(history: Sequence[Message]) -> int:
     return sum(1 for m in history if m.get("role") == "user")
 
 
+def _int_usage(usage: Mapping[str, Any]) -> dict[str, int]:
+    """A provider's usage counts: its integer entries (a provider may add other details)."""
+    return {
+        key: value
+        for key, value in usage.items()
+        if isinstance(value, int) and not isinstance(value, bool)
+    }
+
+
 def _add_usage(total: dict[str, int], usage: Mapping[str, Any] | None) -> None:
-    for key, value in (usage or {}).items():
-        if isinstance(value, int) and not isinstance(value, bool):
-            total[key] = total.get(key, 0) + value
+    for key, value in _int_usage(usage or {}).items():
+        total[key] = total.get(key, 0) + value
 
 
 __all__ = [
