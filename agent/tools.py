@@ -38,8 +38,9 @@ class Tool:
     # Whether execute takes (args, ctx) rather than (args); worked out once, not per call.
     takes_context: bool = field(default=False)
     # Seconds a call may take before the run stops waiting for it; None: the agent's default
-    # (Agent(tool_timeout_s=...)), and with none there either, no limit.
-    timeout_s: float | None = None
+    # (Agent(tool_timeout_s=...)), and with none there either, no limit. Keyword-only, so
+    # that it is never taken for takes_context.
+    timeout_s: float | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
