@@ -23,8 +23,21 @@ stops with RunCheckpointError (that error as its cause, the last progress as its
 
 Tool calls: the same doors take `on_tool_call`, called with a ToolCallReport just before a
 registered tool runs (`started`) and just after it returns or raises (`finished`, with `ok`
-False when it raised). A call to an unknown tool runs nothing and reports nothing. If the hook
-raises, the run stops with RunCheckpointError, as for the other hooks.
+False when it raised or timed out). A call to an unknown tool runs nothing and reports nothing.
+If the hook raises, the run stops with RunCheckpointError, as for the other hooks.
+
+Model calls: the same doors take `on_model_call`, called with a ModelCallReport just before each
+call of the provider's `complete` (`started`) and just after it returns (`finished`, `ok` True,
+`usage` the response's integer counts when it has any) or raises (`finished`, `ok` False,
+`error_type` the exception's class name; the exception then propagates as it would without the
+hook). A host checks for cancellation at `started` and keeps telemetry from both. If the hook
+raises at `started`, the model is not called; whenever it raises, the run stops with
+RunCheckpointError, failure phase `llm`.
+
+Tool timeouts: a tool's `timeout_s`, or else the agent's `tool_timeout_s`, limits each call of
+it. A call past its limit is left running in its thread (Python cannot stop one) and its result
+is dropped: the tool message says `[timed out] ...`, the `finished` report has `ok` False, the
+identical-call note does not count it, and the loop goes on. A tool without a limit runs inline.
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from typing import Any, Literal
 
 from agent.checkpoint import AgentRunCheckpoint, checkpoint_from_any
@@ -69,6 +83,7 @@ from agent.messages import (
 from agent.middleware import InputMiddleware, run_input_chain
 from agent.repeated_calls import RepeatedCalls
 from agent.skills import SkillGraph
+from agent.timeouts import CallTimedOut, call_with_timeout, check_timeout_s
 from agent.tools import Tool, ToolContext, tool_result_text, unknown_tool_text
 
 DEFAULT_AGENT_ID = "agent"
@@ -109,11 +124,28 @@ class ToolCallReport:
     phase: ToolCallPhase
     tool: str
     tool_call_id: str
-    ok: bool | None = None  # for `finished`: False when the tool raised
+    ok: bool | None = None  # for `finished`: False when the tool raised or timed out
+
+
+class ModelCallPhase(StrEnum):
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCallReport:
+    phase: ModelCallPhase
+    model: str
+    iteration: int
+    ok: bool | None = None  # for `finished`: False when the provider raised
+    usage: Mapping[str, int] | None = None  # for `finished`: the response's counts, if any
+    error_type: str | None = None  # for `finished` with ok False: the exception's class name
+    provider: str = ""  # the provider's `name`
 
 
 ProgressHook = Callable[[AgentRunCheckpoint], object]
 ToolCallHook = Callable[[ToolCallReport], object]
+ModelCallHook = Callable[[ModelCallReport], object]
 ReportHook = Callable[[ProgressReport], object]
 EvidenceCheck = Callable[[str, Sequence[Message]], "str | None"]
 
@@ -218,6 +250,7 @@ class _Run:
     # Identical-call landings of this run: the count restarts with every run (p02).
     repeats: RepeatedCalls = field(default_factory=RepeatedCalls)
     on_tool_call: ToolCallHook | None = None
+    on_model_call: ModelCallHook | None = None
 
 
 class Agent:
@@ -226,7 +259,8 @@ class Agent:
     Layers (all optional): `input_middleware` (the 'input' chain), `time` (a TimeLayer: accept a
     `time` input), `honesty` ({'inputs': True, ...}: write turnNumber), `skills` (a SkillGraph),
     `compaction` (fold old messages into summaries), `evidence_check` (one bounded revision of
-    the answer per turn).
+    the answer per turn). `tool_timeout_s` is the time limit of every tool call whose tool has
+    no `timeout_s` of its own (None: no limit).
     """
 
     def __init__(
@@ -244,6 +278,7 @@ class Agent:
         skills: SkillGraph | None = None,
         compaction: Compaction | None = None,
         evidence_check: EvidenceCheck | None = None,
+        tool_timeout_s: float | None = None,
     ) -> None:
         if not callable(getattr(provider, "complete", None)):
             raise TypeError("Agent(provider=...) needs an object with complete(request)")
@@ -271,6 +306,7 @@ class Agent:
         self.skills = skills
         self.compaction = compaction
         self.evidence_check = evidence_check
+        self.tool_timeout_s = check_timeout_s(tool_timeout_s, "Agent(tool_timeout_s=...)")
         self._lock = threading.Lock()
         self._active_run_id: str | None = None
         self._ever_ran = False
@@ -287,6 +323,7 @@ class Agent:
         on_progress: ProgressHook | None = None,
         on_report: ReportHook | None = None,
         on_tool_call: ToolCallHook | None = None,
+        on_model_call: ModelCallHook | None = None,
     ) -> AgentResult:
         """One turn. With `continue_from` it continues that conversation with a new user turn."""
         request = normalize_input(input)
@@ -312,6 +349,7 @@ class Agent:
             state = self._new_run(run_id, request.message, history, caller, turn, stored, run_time)
             state.clock = self._clock_for(state, stored, run_time, resuming=False)
             state.on_tool_call = on_tool_call
+            state.on_model_call = on_model_call
             reporter = _reporter(on_progress, on_report)
             return self._execute(state, append_user=True, reporter=reporter)
         finally:
@@ -326,6 +364,7 @@ class Agent:
         on_progress: ProgressHook | None = None,
         on_report: ReportHook | None = None,
         on_tool_call: ToolCallHook | None = None,
+        on_model_call: ModelCallHook | None = None,
     ) -> AgentResult:
         """Continue this instance's last finished conversation with `message`."""
         with self._lock:
@@ -342,6 +381,7 @@ class Agent:
             on_progress=on_progress,
             on_report=on_report,
             on_tool_call=on_tool_call,
+            on_model_call=on_model_call,
         )
 
     def resume_on_error(
@@ -353,6 +393,7 @@ class Agent:
         on_progress: ProgressHook | None = None,
         on_report: ReportHook | None = None,
         on_tool_call: ToolCallHook | None = None,
+        on_model_call: ModelCallHook | None = None,
     ) -> AgentResult:
         """Re-run the failed turn of `checkpoint`: same history, same turn, nothing appended."""
         run_id = self._claim("resume_on_error")
@@ -375,6 +416,7 @@ class Agent:
                 state.pending_instruction = pending["instruction"] if pending else None
             state.clock = self._clock_for(state, stored, run_time, resuming=True)
             state.on_tool_call = on_tool_call
+            state.on_model_call = on_model_call
             reporter = _reporter(on_progress, on_report)
             return self._execute(state, append_user=False, reporter=reporter)
         finally:
@@ -567,17 +609,51 @@ class Agent:
 
     def _call_model(self, state: _Run, *, offer_tools: bool) -> LLMResponse:
         state.bracket = ("llm", "call-llm")
-        response = self.provider.complete(self._request(state, offer_tools=offer_tools))
-        if not isinstance(response, LLMResponse):
-            raise TypeError(
-                f"provider {getattr(self.provider, 'name', '?')} returned "
-                f"{type(response).__name__}, not an LLMResponse"
-            )
+        request = self._request(state, offer_tools=offer_tools)
+        hook = state.on_model_call
+        if hook is not None:
+            hook(self._model_report(state, ModelCallPhase.STARTED))
+        try:
+            response = self.provider.complete(request)
+            if not isinstance(response, LLMResponse):
+                raise TypeError(
+                    f"provider {self._provider_name()} returned "
+                    f"{type(response).__name__}, not an LLMResponse"
+                )
+        except Exception as exc:
+            if hook is not None:
+                hook(self._model_report(state, ModelCallPhase.FINISHED, error=exc))
+            raise
+        if hook is not None:
+            usage = None if response.usage is None else _int_usage(response.usage)
+            hook(self._model_report(state, ModelCallPhase.FINISHED, usage=usage))
         state.bracket = None
         _add_usage(state.usage, response.usage)
         if state.pending_instruction is not None:
             state.pending_instruction = None  # the request that carried it completed
         return response
+
+    def _provider_name(self) -> str:
+        return str(getattr(self.provider, "name", None) or type(self.provider).__name__)
+
+    def _model_report(
+        self,
+        state: _Run,
+        phase: ModelCallPhase,
+        *,
+        usage: Mapping[str, int] | None = None,
+        error: Exception | None = None,
+    ) -> ModelCallReport:
+        ok = None if phase is ModelCallPhase.STARTED else error is None
+        return ModelCallReport(
+            phase=phase,
+            model=self.model,
+            iteration=state.iteration,
+            ok=ok,
+            usage=usage,
+            error_type=None if error is None else type(error).__name__,
+            provider=self._provider_name(),
+        )
 
     def _ask_for_wrap_up(self, state: _Run) -> None:
         """The budget is spent and the model still wants tools: the calls do not run and the
@@ -590,8 +666,8 @@ class Agent:
         for call in message["toolCalls"]:
             name, call_id, args = call["name"], call["id"], call["args"]
             state.bracket = ("tool", name or "tool")
-            content, ran = self._call_tool(state, name, call_id, args)
-            if ran:
+            content, landed = self._call_tool(state, name, call_id, args)
+            if landed:
                 content += state.repeats.note_for(name, args, content)
             state.bracket = None
             history.append(tool_message(call_id, name, content))
@@ -600,7 +676,8 @@ class Agent:
     def _call_tool(
         self, state: _Run, name: str, call_id: str, args: Mapping[str, Any]
     ) -> tuple[str, bool]:
-        """The tool result text, and whether the tool ran (a call to an unknown tool did not)."""
+        """The tool result text, and whether it landed: a result of the tool, which the
+        identical-call note counts (a call to an unknown tool or a timed-out call is not)."""
         found = self._tools_by_name.get(name)
         if found is None:
             return unknown_tool_text(name), False
@@ -614,17 +691,24 @@ class Agent:
         hook = state.on_tool_call
         if hook is not None:
             hook(ToolCallReport(ToolCallPhase.STARTED, name, call_id))
+        limit = found.timeout_s if found.timeout_s is not None else self.tool_timeout_s
+        call = partial(found.call, plain_json(args), ctx)
+        landed = True
         try:
-            text, ok = tool_result_text(found.call(plain_json(args), ctx)), True
+            value = call() if limit is None else call_with_timeout(call, limit, name=name)
+            text, ok = tool_result_text(value), True
         except ToolAbort:
             raise
+        except CallTimedOut as timed_out:
+            # Left running in its thread; the model decides what to do without its result.
+            text, ok, landed = str(timed_out), False, False
         except Exception as exc:
             # Reported to the model, which decides what to do next (fixture c1); an empty
             # message is an empty result, as the reference writes it.
             text, ok = unicode_text(str(exc)), False
         if hook is not None:
             hook(ToolCallReport(ToolCallPhase.FINISHED, name, call_id, ok))
-        return text, True
+        return text, landed
 
     def _needs_revision(self, state: _Run, answer: str) -> bool:
         if self.evidence_check is None or state.revision_spent:
@@ -763,10 +847,18 @@ def _count_users(history: Sequence[Message]) -> int:
     return sum(1 for m in history if m.get("role") == "user")
 
 
+def _int_usage(usage: Mapping[str, Any]) -> dict[str, int]:
+    """A provider's usage counts: its integer entries (a provider may add other details)."""
+    return {
+        key: value
+        for key, value in usage.items()
+        if isinstance(value, int) and not isinstance(value, bool)
+    }
+
+
 def _add_usage(total: dict[str, int], usage: Mapping[str, Any] | None) -> None:
-    for key, value in (usage or {}).items():
-        if isinstance(value, int) and not isinstance(value, bool):
-            total[key] = total.get(key, 0) + value
+    for key, value in _int_usage(usage or {}).items():
+        total[key] = total.get(key, 0) + value
 
 
 __all__ = [

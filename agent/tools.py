@@ -12,6 +12,7 @@ from typing import Any, Literal, Union, get_args, get_origin, overload
 import orjson
 
 from agent.jsnumbers import js_json
+from agent.timeouts import check_timeout_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +37,18 @@ class Tool:
     execute: Callable[..., Any]
     # Whether execute takes (args, ctx) rather than (args); worked out once, not per call.
     takes_context: bool = field(default=False)
+    # Seconds a call may take before the run stops waiting for it; None: the agent's default
+    # (Agent(tool_timeout_s=...)), and with none there either, no limit. Keyword-only, so
+    # that it is never taken for takes_context.
+    timeout_s: float | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("Tool.name must be a non-empty string")
         if not callable(self.execute):
             raise TypeError(f"Tool {self.name!r}: execute must be callable")
+        timeout_s = check_timeout_s(self.timeout_s, f"Tool {self.name!r}: timeout_s")
+        object.__setattr__(self, "timeout_s", timeout_s)
         if not self.takes_context:
             object.__setattr__(self, "takes_context", _positional_arity(self.execute) >= 2)
 
@@ -132,7 +139,11 @@ def _is_optional(hint: Any) -> bool:
 
 
 def tool_from_function(
-    fn: Callable[..., Any], *, name: str | None = None, description: str | None = None
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float | None = None,
 ) -> Tool:
     hints = typing.get_type_hints(fn)
     properties: dict[str, Any] = {}
@@ -176,6 +187,7 @@ def tool_from_function(
         input_schema=schema,
         execute=execute,
         takes_context=True,
+        timeout_s=timeout_s,
     )
 
 
@@ -183,7 +195,7 @@ def tool_from_function(
 def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None
+    *, name: str | None = None, description: str | None = None, timeout_s: float | None = None
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -193,16 +205,19 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    timeout_s: float | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Make a Tool of a function: `@tool` or `@tool(name=..., description=...)`.
+    """Make a Tool of a function: `@tool` or `@tool(name=..., description=..., timeout_s=...)`.
 
     The name is the function's, the description its docstring, the input schema its type
     hints; a parameter annotated `ToolContext` receives the context and is not in the schema.
     """
     if fn is not None:
         return tool_from_function(fn)
+    # Checked here too, so the error names the decorator's parameter.
+    check_timeout_s(timeout_s, "@tool(timeout_s=...)")
 
     def wrap(inner: Callable[..., Any]) -> Tool:
-        return tool_from_function(inner, name=name, description=description)
+        return tool_from_function(inner, name=name, description=description, timeout_s=timeout_s)
 
     return wrap

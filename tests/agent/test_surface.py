@@ -32,6 +32,8 @@ PINNED_ALL = [
     "LLMRequest",
     "LLMResponse",
     "MessageDeniedError",
+    "ModelCallPhase",
+    "ModelCallReport",
     "NoConversationError",
     "OpenAIChatProvider",
     "ProgressKind",
