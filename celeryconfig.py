@@ -3,16 +3,25 @@ tasks.settings.Settings, the one reader of the environment (README.md, "Settings
 alone points the broker, the result backend and every store at one Redis, and a key prefix
 alone keeps two deployments on one Redis apart. `AGENTS` below is yours to fill."""
 
+import sys
+
 from kombu import Exchange, Queue
 
-from tasks.settings import load_settings
+from tasks.settings import SettingsError, load_settings
 
 # Agents by name: "name": "module:factory" (a factory takes no arguments and returns an
 # agent.Agent; the module imports from the worker's working directory, as `celery -A` does).
 # AGENTJOBS_AGENTS="name=module:factory,..." adds to these and wins.
 AGENTS: dict[str, str] = {}
 
-_settings = load_settings(registry=AGENTS)
+try:
+    _settings = load_settings(registry=AGENTS)
+except SettingsError as bad:
+    # A worker (or any `celery` command) refuses to start with one line naming the variable;
+    # a client importing tasks gets the typed error to handle.
+    if sys.argv and any("celery" in part for part in sys.argv[0].split("/")[-2:]):
+        sys.exit(f"agentjobs: {bad}")
+    raise
 
 broker_url = _settings.broker_url
 result_backend = _settings.result_backend

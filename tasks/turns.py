@@ -42,6 +42,8 @@ from agent import (
     ConversationMismatchError,
     InvalidRunInputError,
     MessageDeniedError,
+    ModelCallPhase,
+    ModelCallReport,
     ProgressKind,
     ProgressReport,
     RunCheckpointError,
@@ -337,6 +339,7 @@ class _Turn:
         # The turn's iteration in flight, across attempts: each completed round starts the next.
         self.iteration = record.iteration or 1
         self.result: AgentResult | None = None
+        self.model_calls = 0
         self.report_lock = threading.Lock()
         self.outcome_decided = False
         self.reported_iteration = 0
@@ -400,9 +403,7 @@ class _Turn:
             # progress; tools of completed iterations do not run again.
             checkpoint = AgentRunCheckpoint.from_json(self.record.checkpoint)
             self.last_checkpoint = checkpoint
-            return agent.resume_on_error(
-                checkpoint, time=request.time, on_report=self.persist, on_tool_call=self.tool_call
-            )
+            return agent.resume_on_error(checkpoint, time=request.time, **self._hooks())
         stored = None
         if self.stored is not None:
             key = self.ctx.store.key(self.namespace)
@@ -416,7 +417,26 @@ class _Turn:
             message_from=request.message_from,
             time=request.time,
         )
-        return agent.run(turn_input, on_report=self.persist, on_tool_call=self.tool_call)
+        return agent.run(turn_input, **self._hooks())
+
+    def _hooks(self) -> dict[str, Any]:
+        return {
+            "on_report": self.persist,
+            "on_tool_call": self.tool_call,
+            "on_model_call": self.model_call,
+        }
+
+    def model_call(self, report: ModelCallReport) -> None:
+        """A check point before each model call after the attempt's first (which follows the
+        claim at once): a cancelled, overdue or taken-over turn stops here, before it pays for
+        another call."""
+        if report.phase is not ModelCallPhase.STARTED:
+            return
+        self.model_calls += 1
+        if self.model_calls > 1 and not self.ctx.records.renew(
+            self.turn_id, self.namespace, self.token, self.ctx.settings.lease_ttl_s
+        ):
+            raise LeaseLost(self.turn_id)
 
     def tool_call(self, report: ToolCallReport) -> None:
         """A tool call's event in the turn's stream (tool.started / tool.finished)."""

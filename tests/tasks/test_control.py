@@ -237,3 +237,21 @@ def test_celery_revoke_cancels_the_turn_and_a_restart_does_not_run_it(make_jobs:
     assert stored is not None
     users = [m["content"] for m in stored.history if m["role"] == "user"]
     assert users == ["busy think:2", "after"]
+
+
+def test_a_worker_with_a_bad_setting_refuses_to_start_in_one_line(make_jobs: Any) -> None:
+    import subprocess
+    import sys
+
+    from tasks.testing import ROOT
+
+    jobs = make_jobs()
+    for variable, value in (("AGENTJOBS_LEASE_TTL_S", "soon"), ("AGENTJOBS_AGENTS", "nameless")):
+        env = {**jobs.env, variable: value}
+        command = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "threads"]
+        done = subprocess.run(
+            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode != 0
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        assert lines == [lines[0]] and lines[0].startswith(f"agentjobs: {variable}"), lines
