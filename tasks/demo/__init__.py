@@ -10,10 +10,14 @@ prefix of its own, and on a shared Redis it removes them afterwards.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.events import TurnEvent
 
 DEMO_AGENT = "tasks.demo.agents:build_demo_agent"
 TURNS = [
@@ -48,25 +52,41 @@ def demo_env(redis_url: str) -> dict[str, str]:
     )
 
 
-def follow(turns: dict[str, Any], timeout_s: float = 40) -> None:
-    from tasks.cli import describe_state
-    from tasks.context import job_context
+def describe_event(event: TurnEvent) -> str:
+    """One line a person reads for one turn event."""
+    data = event.data
+    if event.type == "turn.started":
+        return f"running on {data.get('worker', '?')} (attempt {event.attempt})"
+    if event.type == "tool.started":
+        return f"calling {data.get('tool')} ({data.get('toolCallId')})"
+    if event.type == "iteration.persisted":
+        return f"round {event.iteration - 1} persisted"
+    if event.type == "retry.scheduled":
+        wait_s = (int(data["dueAt"]) - event.at.timestamp() * 1000) / 1000
+        return f"failed: {data.get('error')}; retrying in {wait_s:.1f} s"
+    if event.type == "turn.succeeded":
+        return f"succeeded: {str(data.get('content'))[:60]!r}"
+    if event.type == "turn.dead_lettered":
+        return f"dead-lettered as {data.get('entryId')} ({data.get('reason')})"
+    return event.type.replace("turn.", "")
 
-    records = job_context().records
-    seen: dict[str, str] = {}
+
+def follow(turns: dict[str, Any], timeout_s: float = 40) -> None:
+    """Print each turn's events as they happen (tasks.iter_events), until all have ended."""
+    from tasks.events import TERMINAL_EVENTS, iter_events
+
+    last: dict[str, str | None] = dict.fromkeys(turns)
+    ended: set[str] = set()
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        finished = 0
+    while len(ended) < len(turns) and time.monotonic() < deadline:
         for label, result in turns.items():
-            record = records.get(result.id)
-            state = describe_state(record.as_dict()) if record else "submitted"
-            if seen.get(label) != state:
-                seen[label] = state
-                say(f"{label:7} {state}")
-            if record and record.state in ("succeeded", "dead_lettered"):
-                finished += 1
-        if finished == len(turns):
-            return
+            for event in iter_events(result.id, after=last[label], block_s=0):
+                last[label] = event.id
+                if event.type in ("tool.finished",):
+                    continue
+                say(f"{label:7} {describe_event(event)}")
+                if event.type in TERMINAL_EVENTS:
+                    ended.add(label)
         time.sleep(0.05)
 
 
@@ -75,6 +95,14 @@ def remove_demo_keys(client: Any, prefix: str) -> int:
     carry its prefix."""
     keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
     return int(client.delete(*keys)) if keys else 0
+
+
+def keep_logs(workdir: Path) -> None:
+    """Copy the processes' logs out of the demo's temporary directory, which is removed."""
+    kept = Path(tempfile.mkdtemp(prefix="agentjobs-demo-logs-"))
+    for log in workdir.glob("*.log"):
+        shutil.copy(log, kept / log.name)
+    say(f"their logs are kept in {kept}")
 
 
 def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
@@ -92,8 +120,9 @@ def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
         for name, command in procfile_commands().items():
             try:
                 processes.append(start_process(name, command, env, workdir, ready=READY[name]))
-            except RuntimeError as exc:
+            except (RuntimeError, AssertionError) as exc:  # died at start, or never ready
                 say(f"{name} did not start: {exc}")
+                keep_logs(workdir)
                 return 1
             say(f"started {name} (pid {processes[-1].pid}): {command}")
         wait_until(lambda: app.control.ping(timeout=0.5), 30, "the worker to answer a ping")
