@@ -127,13 +127,23 @@ def register_turn(
     *,
     checkpoint: bytes = b"",
     replay_of: str = "",
+    request: TurnRequest | None = None,
 ) -> tuple[str, Registered]:
     """Record a submitted turn behind its conversation's earlier turns; returns its namespace
-    ('' for a payload too broken to queue) and whether it was new."""
-    agent_name, conversation_id, namespace = registration_of(kwargs)
-    deadline_s = ctx.settings.turn_deadline_s
-    with contextlib.suppress(BadPayload):
-        deadline_s = parse_payload(kwargs).deadline_s or deadline_s
+    ('' for a payload too broken to queue) and whether it was new. `request` is `kwargs`
+    already parsed, when the caller has it."""
+    if request is None:
+        with contextlib.suppress(BadPayload):
+            request = parse_payload(kwargs)
+    if request is not None:
+        agent_name, conversation_id, namespace = (
+            request.agent,
+            request.conversation_id,
+            request.namespace,
+        )
+    else:
+        agent_name, conversation_id, namespace = registration_of(kwargs)
+    deadline_s = (request.deadline_s if request else None) or ctx.settings.turn_deadline_s
     registered = ctx.records.register(
         turn_id,
         payload=orjson.dumps(kwargs),
@@ -184,7 +194,7 @@ class SubmitTurnTask(Task):  # type: ignore[misc]
                 raise InvalidTurnRequest(
                     "task_id", f"{task_id!r} names a turn of another conversation; use a new id"
                 )
-        namespace, registered = register_turn(ctx, task_id, kwargs)
+        namespace, registered = register_turn(ctx, task_id, kwargs, request=request)
         if registered is Registered.CONFLICT:
             raise InvalidTurnRequest(
                 "task_id", f"{task_id!r} was submitted with another request; use a new id"
