@@ -19,8 +19,7 @@ from tasks.context import JobContext, job_context
 from tasks.deadletter import file_dead_letter
 from tasks.errors import DeadlineExceeded, Reason
 from tasks.keys import ShardKeys
-from tasks.records import TurnState
-from tasks.results import store_final_result
+from tasks.results import write_final_result
 from tasks.store import namespace_for
 
 logger = logging.getLogger("agentjobs.control")
@@ -44,9 +43,7 @@ def cancel_turn(turn_id: str, *, reason: str = "") -> bool:
     )
     if not ended.ended:
         return False
-    cancelled = ctx.records.get(turn_id, record.namespace)
-    if cancelled is not None:
-        store_final_result(cancelled)
+    write_final_result(ctx, turn_id, record.namespace)
     logger.info("turn %s cancelled%s", turn_id, f": {reason}" if reason else "")
     _wake(ended.next_head, record.namespace, ended.next_head_agent, record.conversation_id)
     return True
@@ -74,7 +71,7 @@ def end_overdue_turns(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
             ctx.redis.zrem(shard.deadlines, due.turn_id)
             continue
         error = DeadlineExceeded(record.turn_id, str(record.state))
-        entry_id, text, ended = file_dead_letter(
+        entry_id, _error_text, ended = file_dead_letter(
             ctx.records,
             record,
             "",  # forced: whoever holds the lease is past the deadline too
@@ -90,9 +87,7 @@ def end_overdue_turns(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
         logger.warning(
             "turn %s passed its deadline while %s: %s", record.turn_id, record.state, entry_id
         )
-        final = ctx.records.get(record.turn_id, record.namespace)
-        if final is not None and final.state is TurnState.DEAD_LETTERED:
-            store_final_result(final, text)
+        write_final_result(ctx, record.turn_id, record.namespace)
         _wake(ended.next_head, record.namespace, ended.next_head_agent, record.conversation_id)
     return ended_count
 

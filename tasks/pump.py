@@ -33,7 +33,7 @@ from tasks.control import end_overdue_turns
 from tasks.keys import ShardKeys
 from tasks.records import TurnState
 from tasks.redact import RedactingFilter
-from tasks.results import has_final_result, store_final_result
+from tasks.results import has_final_result, write_final_result
 from tasks.turns import wake
 
 logger = logging.getLogger("agentjobs.pump")
@@ -70,10 +70,7 @@ def confirm_results(ctx: JobContext, shard: ShardKeys) -> int:
         shard, shard.finished, limit=BATCH, bump_ms=grace_ms, lag_ms=grace_ms
     ):
         if not has_final_result(due.turn_id):
-            record = ctx.records.get(due.turn_id, due.namespace)
-            if record is not None:
-                summary = ctx.dead_letters.summary(record.dlq_id) if record.dlq_id else None
-                written += store_final_result(record, str((summary or {}).get("error", "")))
+            written += write_final_result(ctx, due.turn_id, due.namespace)
         ctx.redis.zrem(shard.finished, due.turn_id)
     return written
 

@@ -14,6 +14,7 @@ from typing import Any
 from celery import states
 
 from tasks.app import app
+from tasks.context import JobContext
 from tasks.errors import TurnCancelled, TurnDeadLettered
 from tasks.records import TurnRecord, TurnState
 
@@ -36,6 +37,16 @@ def report_state(turn_id: str, state: str, info: dict[str, Any]) -> None:
 
 def has_final_result(turn_id: str) -> bool:
     return app.backend.get_task_meta(turn_id).get("status") in states.READY_STATES
+
+
+def write_final_result(ctx: JobContext, turn_id: str, namespace: str | None = None) -> bool:
+    """Write an ended turn's Celery result from its record (and a dead letter's redacted
+    error from its entry); False when the turn has not ended or is unknown."""
+    record = ctx.records.get(turn_id, namespace)
+    if record is None or not record.state.terminal:
+        return False
+    summary = ctx.dead_letters.summary(record.dlq_id) if record.dlq_id else None
+    return store_final_result(record, str((summary or {}).get("error", "")))
 
 
 def store_final_result(record: TurnRecord, error_text: str = "") -> bool:

@@ -67,7 +67,7 @@ from tasks.payload import TurnRequest, parse_payload, registration_of
 from tasks.records import ClaimStatus, Registered, TurnRecord
 from tasks.redact import redact
 from tasks.registry import build_agent
-from tasks.results import RUNNING, WAITING, report_state, store_final_result
+from tasks.results import RUNNING, WAITING, report_state, write_final_result
 from tasks.retry import backoff_delay_s
 from tasks.store import envelope_bytes, read_envelope
 
@@ -384,10 +384,7 @@ class _Turn:
     def _repair_result(self) -> None:
         """This delivery lost the turn (it stalled past its lease): if the turn has ended
         meanwhile, make sure a late state report of ours did not hide its final result."""
-        record = self.ctx.records.get(self.turn_id, self.namespace)
-        if record is not None and record.state.terminal:
-            summary = self.ctx.dead_letters.summary(record.dlq_id) if record.dlq_id else None
-            store_final_result(record, str((summary or {}).get("error", "")))
+        write_final_result(self.ctx, self.turn_id, self.namespace)
 
     def finish(self, decision: Decision) -> dict[str, Any]:
         """Write the outcome; returns the reply or raises what Celery should see."""
