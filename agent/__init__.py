@@ -25,6 +25,13 @@ from agent.errors import (
 )
 from agent.folding import Compaction, fnv1a, folded_messages, folded_span_for, is_compacted_summary
 from agent.identity import encode_namespace
+from agent.journal import (
+    OUTCOME_UNKNOWN,
+    IterationJournal,
+    JournaledCall,
+    ResponseReport,
+    ToolEffect,
+)
 from agent.messages import LLMProvider, LLMRequest, LLMResponse, ToolCall
 from agent.middleware import Deny, InputContext
 from agent.providers.anthropic import AnthropicProvider
@@ -45,6 +52,7 @@ from agent.skills import SkillGraph
 from agent.tools import Tool, ToolContext, tool
 
 __all__ = [
+    "OUTCOME_UNKNOWN",
     "Agent",
     "AgentError",
     "AgentInput",
@@ -57,6 +65,8 @@ __all__ = [
     "Deny",
     "InputContext",
     "InvalidRunInputError",
+    "IterationJournal",
+    "JournaledCall",
     "LLMProvider",
     "LLMRequest",
     "LLMResponse",
@@ -72,6 +82,7 @@ __all__ = [
     "ProviderHTTPError",
     "ProviderResponseError",
     "ProviderTimeoutError",
+    "ResponseReport",
     "RunCheckpointError",
     "RunInFlightError",
     "RunTime",
@@ -85,6 +96,7 @@ __all__ = [
     "ToolCallPhase",
     "ToolCallReport",
     "ToolContext",
+    "ToolEffect",
     "can_resume",
     "classify_failure_phase",
     "encode_namespace",

@@ -34,6 +34,13 @@ hook). A host checks for cancellation at `started` and keeps telemetry from both
 raises at `started`, the model is not called; whenever it raises, the run stops with
 RunCheckpointError, failure phase `llm`.
 
+The journal (agent/journal.py): the same doors take `on_response`, called with a ResponseReport
+when a model response whose tools will run arrives, before any of them runs, and `run` and
+`resume_on_error` take `journal=`, the IterationJournal a host kept from that hook and the
+tool-call reports, so an interrupted iteration continues without a second model call and
+without running a completed call again. `parallel_tools=True` runs one response's calls at once
+(the hooks are then called from their threads); the tool messages keep the model's order.
+
 Tool timeouts: a tool's `timeout_s`, or else the agent's `tool_timeout_s`, limits each call of
 it. A call past its limit is left running in its thread (Python cannot stop one) and its result
 is dropped: the tool message says `[timed out] ...`, the `finished` report has `ok` False, the
@@ -42,10 +49,12 @@ identical-call note does not count it, and the loop goes on. A tool without a li
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
@@ -67,6 +76,14 @@ from agent.errors import (
 )
 from agent.folding import Compaction
 from agent.identity import normalize_identity
+from agent.journal import (
+    IterationJournal,
+    JournaledCall,
+    ResponseReport,
+    ToolEffect,
+    new_idempotency_key,
+    outcome_unknown_text,
+)
 from agent.jsnumbers import js_json, plain_json
 from agent.messages import (
     LLMProvider,
@@ -125,6 +142,12 @@ class ToolCallReport:
     tool: str
     tool_call_id: str
     ok: bool | None = None  # for `finished`: False when the tool raised or timed out
+    index: int = 0  # the call's position in its response's toolCalls
+    attempt: int = 1  # this start of the call (ToolContext.attempt)
+    idempotency_key: str = ""  # ToolContext.idempotency_key
+    effect: ToolEffect = ToolEffect.IDEMPOTENT
+    content: str | None = None  # for `finished`: the tool message content (before any note)
+    landed: bool | None = None  # for `finished`: whether the identical-call note counts it
 
 
 class ModelCallPhase(StrEnum):
@@ -147,6 +170,7 @@ ProgressHook = Callable[[AgentRunCheckpoint], object]
 ToolCallHook = Callable[[ToolCallReport], object]
 ModelCallHook = Callable[[ModelCallReport], object]
 ReportHook = Callable[[ProgressReport], object]
+ResponseHook = Callable[[ResponseReport], object]
 EvidenceCheck = Callable[[str, Sequence[Message]], "str | None"]
 
 _run_seq = itertools.count(1)
@@ -251,6 +275,20 @@ class _Run:
     repeats: RepeatedCalls = field(default_factory=RepeatedCalls)
     on_tool_call: ToolCallHook | None = None
     on_model_call: ModelCallHook | None = None
+    on_response: ResponseHook | None = None
+    # The iteration in flight as the host kept it; used (and dropped) at the first model call
+    # whose history it fits.
+    journal: IterationJournal | None = None
+
+    def hook(
+        self,
+        on_tool_call: ToolCallHook | None,
+        on_model_call: ModelCallHook | None,
+        on_response: ResponseHook | None,
+        journal: IterationJournal | None,
+    ) -> None:
+        self.on_tool_call, self.on_model_call = on_tool_call, on_model_call
+        self.on_response, self.journal = on_response, journal
 
 
 class Agent:
@@ -260,7 +298,8 @@ class Agent:
     `time` input), `honesty` ({'inputs': True, ...}: write turnNumber), `skills` (a SkillGraph),
     `compaction` (fold old messages into summaries), `evidence_check` (one bounded revision of
     the answer per turn). `tool_timeout_s` is the time limit of every tool call whose tool has
-    no `timeout_s` of its own (None: no limit).
+    no `timeout_s` of its own (None: no limit). With `parallel_tools` the calls of one model
+    response run at the same time; their tool messages keep the model's order.
     """
 
     def __init__(
@@ -279,6 +318,7 @@ class Agent:
         compaction: Compaction | None = None,
         evidence_check: EvidenceCheck | None = None,
         tool_timeout_s: float | None = None,
+        parallel_tools: bool = False,
     ) -> None:
         if not callable(getattr(provider, "complete", None)):
             raise TypeError("Agent(provider=...) needs an object with complete(request)")
@@ -307,6 +347,9 @@ class Agent:
         self.compaction = compaction
         self.evidence_check = evidence_check
         self.tool_timeout_s = check_timeout_s(tool_timeout_s, "Agent(tool_timeout_s=...)")
+        if not isinstance(parallel_tools, bool):
+            raise TypeError("Agent(parallel_tools=...) must be True or False")
+        self.parallel_tools = parallel_tools
         self._lock = threading.Lock()
         self._active_run_id: str | None = None
         self._ever_ran = False
@@ -324,6 +367,8 @@ class Agent:
         on_report: ReportHook | None = None,
         on_tool_call: ToolCallHook | None = None,
         on_model_call: ModelCallHook | None = None,
+        on_response: ResponseHook | None = None,
+        journal: IterationJournal | None = None,
     ) -> AgentResult:
         """One turn. With `continue_from` it continues that conversation with a new user turn."""
         request = normalize_input(input)
@@ -348,8 +393,7 @@ class Agent:
                 turn = max(1, _count_users(history) + 1)
             state = self._new_run(run_id, request.message, history, caller, turn, stored, run_time)
             state.clock = self._clock_for(state, stored, run_time, resuming=False)
-            state.on_tool_call = on_tool_call
-            state.on_model_call = on_model_call
+            state.hook(on_tool_call, on_model_call, on_response, journal)
             reporter = _reporter(on_progress, on_report)
             return self._execute(state, append_user=True, reporter=reporter)
         finally:
@@ -365,6 +409,7 @@ class Agent:
         on_report: ReportHook | None = None,
         on_tool_call: ToolCallHook | None = None,
         on_model_call: ModelCallHook | None = None,
+        on_response: ResponseHook | None = None,
     ) -> AgentResult:
         """Continue this instance's last finished conversation with `message`."""
         with self._lock:
@@ -382,6 +427,7 @@ class Agent:
             on_report=on_report,
             on_tool_call=on_tool_call,
             on_model_call=on_model_call,
+            on_response=on_response,
         )
 
     def resume_on_error(
@@ -394,8 +440,11 @@ class Agent:
         on_report: ReportHook | None = None,
         on_tool_call: ToolCallHook | None = None,
         on_model_call: ModelCallHook | None = None,
+        on_response: ResponseHook | None = None,
+        journal: IterationJournal | None = None,
     ) -> AgentResult:
-        """Re-run the failed turn of `checkpoint`: same history, same turn, nothing appended."""
+        """Re-run the failed turn of `checkpoint`: same history, same turn, nothing appended.
+        With `journal`, the iteration in flight continues from it (agent/journal.py)."""
         run_id = self._claim("resume_on_error")
         try:
             stored = checkpoint_from_any(checkpoint)
@@ -415,8 +464,7 @@ class Agent:
                 pending = recovery.get("pending")
                 state.pending_instruction = pending["instruction"] if pending else None
             state.clock = self._clock_for(state, stored, run_time, resuming=True)
-            state.on_tool_call = on_tool_call
-            state.on_model_call = on_model_call
+            state.hook(on_tool_call, on_model_call, on_response, journal)
             reporter = _reporter(on_progress, on_report)
             return self._execute(state, append_user=False, reporter=reporter)
         finally:
@@ -584,13 +632,27 @@ class Agent:
         while True:
             state.iteration += 1
             self._maybe_fold(state, reporter)
-            response = self._call_model(state, offer_tools=not wrapping_up)
-            if wrapping_up:
-                # The wrap-up reply is the answer; tool calls it carries anyway do not run.
-                return response.content, "max_iterations"
-            if response.tool_calls:
+            journal = None if wrapping_up else self._take_journal(state)
+            if journal is not None:
+                # The iteration in flight when the run was interrupted: its response was kept,
+                # so the model is not asked again; its tools continue from the journal.
+                self._run_tools(state, js_json(journal.message), journal.calls)
+            else:
+                response = self._call_model(state, offer_tools=not wrapping_up)
+                if wrapping_up:
+                    # The wrap-up reply is the answer; tool calls it carries anyway do not run.
+                    return response.content, "max_iterations"
+                if not response.tool_calls:
+                    if self._needs_revision(state, response.content):
+                        self._report(state, ProgressKind.ROUND, reporter)
+                        continue
+                    return response.content, "answer"
                 if state.iteration < self.max_iterations:
-                    self._run_tools(state, response)
+                    message = assistant_message(response)
+                    if state.on_response is not None:
+                        report = ResponseReport(state.iteration, len(state.history), message)
+                        state.on_response(report)
+                    self._run_tools(state, message, {})
                 elif self._tool_specs:
                     self._ask_for_wrap_up(state)
                     wrapping_up = True
@@ -598,14 +660,16 @@ class Agent:
                     # No tools to withhold, so no wrap-up (the reference mounts it only on an
                     # agent that can call tools): the turn is cut short with this reply's text.
                     return response.content, "max_iterations"
-                state.last_completed = state.iteration
-                state.progress = list(state.history)
-                self._report(state, ProgressKind.ROUND, reporter)
-                continue
-            if self._needs_revision(state, response.content):
-                self._report(state, ProgressKind.ROUND, reporter)
-                continue
-            return response.content, "answer"
+            state.last_completed = state.iteration
+            state.progress = list(state.history)
+            self._report(state, ProgressKind.ROUND, reporter)
+
+    def _take_journal(self, state: _Run) -> IterationJournal | None:
+        """The host's journal, once, if it is of this point of the history."""
+        journal, state.journal = state.journal, None
+        if journal is None or journal.history_length != len(state.history):
+            return None
+        return journal
 
     def _call_model(self, state: _Run, *, offer_tools: bool) -> LLMResponse:
         state.bracket = ("llm", "call-llm")
@@ -660,42 +724,102 @@ class Agent:
         message carrying them is not kept (its text would be a fragment); the ask is kept."""
         state.history = [*state.history, user_message(WRAP_UP_INSTRUCTION)]
 
-    def _run_tools(self, state: _Run, response: LLMResponse) -> None:
-        message = assistant_message(response)
+    def _run_tools(
+        self, state: _Run, message: Message, journaled: Mapping[int, JournaledCall]
+    ) -> None:
+        calls: list[dict[str, Any]] = message["toolCalls"]
+        if self.parallel_tools and len(calls) > 1:
+            state.bracket = ("tool", calls[0]["name"] or "tool")
+            outcomes = self._calls_in_parallel(state, calls, journaled)
+        else:
+            outcomes = []
+            for index, call in enumerate(calls):
+                state.bracket = ("tool", call["name"] or "tool")
+                outcomes.append(self._call_tool(state, index, call, journaled.get(index)))
+        state.bracket = None
         history = [*state.history, message]
-        for call in message["toolCalls"]:
-            name, call_id, args = call["name"], call["id"], call["args"]
-            state.bracket = ("tool", name or "tool")
-            content, landed = self._call_tool(state, name, call_id, args)
+        for call, (content, landed) in zip(calls, outcomes, strict=True):
+            name, args = call["name"], call["args"]
             if landed:
+                # In the model's order whatever order the calls ran in, so the note is the
+                # same either way.
                 content += state.repeats.note_for(name, args, content)
-            state.bracket = None
-            history.append(tool_message(call_id, name, content))
+            history.append(tool_message(call["id"], name, content))
         state.history = history
 
+    def _calls_in_parallel(
+        self,
+        state: _Run,
+        calls: Sequence[Mapping[str, Any]],
+        journaled: Mapping[int, JournaledCall],
+    ) -> list[tuple[str, bool]]:
+        """Every call at once, each in its own thread (in a copy of the caller's context). All
+        of them end before the first failure, in the model's order, is raised: a call that
+        completed has reported its outcome, so a host keeps it."""
+        with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="agent-tools") as pool:
+            futures = [
+                pool.submit(
+                    contextvars.copy_context().run,
+                    self._call_tool,
+                    state,
+                    index,
+                    call,
+                    journaled.get(index),
+                )
+                for index, call in enumerate(calls)
+            ]
+            wait(futures)
+        return [future.result() for future in futures]
+
     def _call_tool(
-        self, state: _Run, name: str, call_id: str, args: Mapping[str, Any]
+        self,
+        state: _Run,
+        index: int,
+        call: Mapping[str, Any],
+        journaled: JournaledCall | None,
     ) -> tuple[str, bool]:
         """The tool result text, and whether it landed: a result of the tool, which the
         identical-call note counts (a call to an unknown tool or a timed-out call is not)."""
+        name, call_id = call["name"], call["id"]
         found = self._tools_by_name.get(name)
         if found is None:
             return unknown_tool_text(name), False
+        effect = ToolEffect(found.effect)
+        if journaled is not None and journaled.completed:
+            assert journaled.content is not None
+            return journaled.content, journaled.landed
+        if journaled is not None and journaled.attempts > 0 and effect is ToolEffect.UNSAFE:
+            # It started and may have taken effect: never run it twice; the model is told.
+            return outcome_unknown_text(name), False
+        started = journaled is not None and journaled.attempts > 0
+        key = journaled.idempotency_key if started and journaled else new_idempotency_key()
+        attempt = journaled.attempts + 1 if started and journaled else 1
         ctx = ToolContext(
             run_id=state.run_id,
             tool_call_id=call_id,
             turn_number=state.turn,
             identity=state.identity,
             clock=state.clock,
+            idempotency_key=key,
+            attempt=attempt,
+        )
+        report = partial(
+            ToolCallReport,
+            tool=name,
+            tool_call_id=call_id,
+            index=index,
+            attempt=attempt,
+            idempotency_key=key,
+            effect=effect,
         )
         hook = state.on_tool_call
         if hook is not None:
-            hook(ToolCallReport(ToolCallPhase.STARTED, name, call_id))
+            hook(report(ToolCallPhase.STARTED))
         limit = found.timeout_s if found.timeout_s is not None else self.tool_timeout_s
-        call = partial(found.call, plain_json(args), ctx)
+        run = partial(found.call, plain_json(call["args"]), ctx)
         landed = True
         try:
-            value = call() if limit is None else call_with_timeout(call, limit, name=name)
+            value = run() if limit is None else call_with_timeout(run, limit, name=name)
             text, ok = tool_result_text(value), True
         except ToolAbort:
             raise
@@ -707,7 +831,7 @@ class Agent:
             # message is an empty result, as the reference writes it.
             text, ok = unicode_text(str(exc)), False
         if hook is not None:
-            hook(ToolCallReport(ToolCallPhase.FINISHED, name, call_id, ok))
+            hook(report(ToolCallPhase.FINISHED, ok=ok, content=text, landed=landed))
         return text, landed
 
     def _needs_revision(self, state: _Run, answer: str) -> bool:

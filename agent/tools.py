@@ -11,6 +11,7 @@ from typing import Any, Literal, Union, get_args, get_origin, overload
 
 import orjson
 
+from agent.journal import ToolEffect, tool_effect
 from agent.jsnumbers import js_json
 from agent.timeouts import check_timeout_s
 
@@ -20,6 +21,9 @@ class ToolContext:
     """What a tool may know about the run calling it.
 
     `identity` is set only when the caller named one; a derived identity is never shown.
+    `idempotency_key` is the same for one tool call however many times it is started (after a
+    crash, a redelivery, a takeover) and different for every other call: pass it to payment and
+    other APIs that accept one. `attempt` is 1 on the call's first start, higher on later ones.
     """
 
     run_id: str
@@ -27,6 +31,8 @@ class ToolContext:
     turn_number: int
     identity: Mapping[str, Any] | None = None
     clock: Mapping[str, Any] | None = None
+    idempotency_key: str = ""
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,9 @@ class Tool:
     # (Agent(tool_timeout_s=...)), and with none there either, no limit. Keyword-only, so
     # that it is never taken for takes_context.
     timeout_s: float | None = field(default=None, kw_only=True)
+    # What running it again does (agent/journal.py): whether a call interrupted by a crash may
+    # run again with the same idempotency key.
+    effect: ToolEffect | str = field(default=ToolEffect.IDEMPOTENT, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -49,6 +58,7 @@ class Tool:
             raise TypeError(f"Tool {self.name!r}: execute must be callable")
         timeout_s = check_timeout_s(self.timeout_s, f"Tool {self.name!r}: timeout_s")
         object.__setattr__(self, "timeout_s", timeout_s)
+        object.__setattr__(self, "effect", tool_effect(self.effect, f"Tool {self.name!r}: effect"))
         if not self.takes_context:
             object.__setattr__(self, "takes_context", _positional_arity(self.execute) >= 2)
 
@@ -144,6 +154,7 @@ def tool_from_function(
     name: str | None = None,
     description: str | None = None,
     timeout_s: float | None = None,
+    effect: ToolEffect | str = ToolEffect.IDEMPOTENT,
 ) -> Tool:
     hints = typing.get_type_hints(fn)
     properties: dict[str, Any] = {}
@@ -188,6 +199,7 @@ def tool_from_function(
         execute=execute,
         takes_context=True,
         timeout_s=timeout_s,
+        effect=effect,
     )
 
 
@@ -195,7 +207,11 @@ def tool_from_function(
 def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, timeout_s: float | None = None
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float | None = None,
+    effect: ToolEffect | str = ToolEffect.IDEMPOTENT,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -206,8 +222,10 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout_s: float | None = None,
+    effect: ToolEffect | str = ToolEffect.IDEMPOTENT,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Make a Tool of a function: `@tool` or `@tool(name=..., description=..., timeout_s=...)`.
+    """Make a Tool of a function: `@tool` or `@tool(name=..., description=..., timeout_s=...,
+    effect=...)`.
 
     The name is the function's, the description its docstring, the input schema its type
     hints; a parameter annotated `ToolContext` receives the context and is not in the schema.
@@ -216,8 +234,11 @@ def tool(
         return tool_from_function(fn)
     # Checked here too, so the error names the decorator's parameter.
     check_timeout_s(timeout_s, "@tool(timeout_s=...)")
+    tool_effect(effect, "@tool(effect=...)")
 
     def wrap(inner: Callable[..., Any]) -> Tool:
-        return tool_from_function(inner, name=name, description=description, timeout_s=timeout_s)
+        return tool_from_function(
+            inner, name=name, description=description, timeout_s=timeout_s, effect=effect
+        )
 
     return wrap

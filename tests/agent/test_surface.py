@@ -28,6 +28,8 @@ PINNED_ALL = [
     "Deny",
     "InputContext",
     "InvalidRunInputError",
+    "IterationJournal",
+    "JournaledCall",
     "LLMProvider",
     "LLMRequest",
     "LLMResponse",
@@ -35,6 +37,7 @@ PINNED_ALL = [
     "ModelCallPhase",
     "ModelCallReport",
     "NoConversationError",
+    "OUTCOME_UNKNOWN",
     "OpenAIChatProvider",
     "ProgressKind",
     "ProgressReport",
@@ -43,6 +46,7 @@ PINNED_ALL = [
     "ProviderHTTPError",
     "ProviderResponseError",
     "ProviderTimeoutError",
+    "ResponseReport",
     "RunCheckpointError",
     "RunInFlightError",
     "RunTime",
@@ -56,6 +60,7 @@ PINNED_ALL = [
     "ToolCallPhase",
     "ToolCallReport",
     "ToolContext",
+    "ToolEffect",
     "can_resume",
     "classify_failure_phase",
     "encode_namespace",
@@ -89,7 +94,7 @@ def test_every_name_in_all_exists() -> None:
 def test_the_api_import_block_is_read_whole() -> None:
     names = api_import_block()
     assert names[0] == "Agent" and names[-1] == "fnv1a"
-    assert len(names) == 21
+    assert len(names) == 26
 
 
 @pytest.mark.parametrize("name", api_import_block())

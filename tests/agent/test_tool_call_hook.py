@@ -36,12 +36,15 @@ def test_each_call_reports_started_then_finished_in_the_models_order() -> None:
         ToolCall("c1", "lookup", {"order_id": "A"}), ToolCall("c2", "lookup", {"order_id": "bad"})
     )
     assert agent.run("where?", on_tool_call=seen.append).content == "done"
-    assert seen == [
-        ToolCallReport(ToolCallPhase.STARTED, "lookup", "c1"),
-        ToolCallReport(ToolCallPhase.FINISHED, "lookup", "c1", True),
-        ToolCallReport(ToolCallPhase.STARTED, "lookup", "c2"),
-        ToolCallReport(ToolCallPhase.FINISHED, "lookup", "c2", False),  # it raised
+    assert [(r.phase, r.tool, r.tool_call_id, r.ok, r.index, r.attempt) for r in seen] == [
+        (ToolCallPhase.STARTED, "lookup", "c1", None, 0, 1),
+        (ToolCallPhase.FINISHED, "lookup", "c1", True, 0, 1),
+        (ToolCallPhase.STARTED, "lookup", "c2", None, 1, 1),
+        (ToolCallPhase.FINISHED, "lookup", "c2", False, 1, 1),  # it raised
     ]
+    # finished carries the tool message content; both phases carry one key per call
+    assert seen[1].content == "A: shipped" and seen[3].content == "no such order"
+    assert seen[0].idempotency_key == seen[1].idempotency_key != seen[2].idempotency_key
 
 
 def test_a_call_to_an_unknown_tool_reports_nothing() -> None:
