@@ -386,7 +386,7 @@ def turn_show(turn_id: str, as_json: bool) -> None:
             f"no turn {turn_id!r}; finished turns are kept {kept} (AGENTJOBS_RECORD_TTL_S), "
             "`agentjobs turn list` shows those there are"
         )
-    data = record.as_dict()
+    data = record.as_dict(ctx.records.progress(record))
     data["describe"] = describe_state(data)
     if record.state == TurnState.WAITING:
         data["overdue"] = pump_may_be_down(ctx, record.due_at_ms)

@@ -133,11 +133,14 @@ class DeadLetterStore:
         with self._redis.pipeline(transaction=False) as pipe:
             for summary in summaries:
                 shard = self._keys.for_namespace(summary.get("namespace", ""))
-                pipe.hmget(shard.turn(summary["taskId"]), ["checkpoint", "payload"])
+                pipe.hgetall(shard.turn(summary["taskId"]))
             bodies: list[Any] = pipe.execute()
-        for summary, (checkpoint, payload) in zip(summaries, bodies, strict=True):
-            summary["checkpoint"] = orjson.loads(checkpoint) if checkpoint else None
-            summary["kwargs"] = orjson.loads(payload) if payload else None
+        for summary, raw in zip(summaries, bodies, strict=True):
+            record = TurnRecord.from_redis(summary["taskId"], raw) if raw else None
+            # A turn ended from outside (a deadline) keeps its progress as frames.
+            progress = self._records.progress(record) if record is not None else None
+            summary["checkpoint"] = progress.to_dict() if progress is not None else None
+            summary["kwargs"] = record.payload if record is not None else None
         return summaries
 
     def iter_entries(

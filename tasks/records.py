@@ -27,7 +27,7 @@ stalled past its lease cannot write over the worker that took the turn over. End
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
 from typing import Any
@@ -36,7 +36,9 @@ import orjson
 import redis
 from redis.commands.core import Script
 
+from agent import AgentRunCheckpoint
 from tasks.keys import Keys, ShardKeys
+from tasks.progress import progress_checkpoint
 
 
 class TurnState(StrEnum):
@@ -86,6 +88,12 @@ def _json(fields: dict[str, str], name: str) -> Any:
     return orjson.loads(raw) if raw else None
 
 
+def _bytes(raw: Any, name: str) -> bytes:
+    """A field as Redis sent it (large JSON values are parsed from bytes, never decoded)."""
+    value = raw.get(name.encode(), raw.get(name, b""))
+    return value if isinstance(value, bytes) else value.encode()
+
+
 @dataclass(frozen=True)
 class TurnRecord:
     """One turn as Redis holds it (the hash at ShardKeys.turn)."""
@@ -108,7 +116,13 @@ class TurnRecord:
     first_failed_at_ms: int = 0
     worker: str = ""
     token: str = ""
-    checkpoint: bytes = b""  # the last persisted checkpoint (JSON), until the turn succeeds
+    # The last persisted progress (tasks/progress.py): a whole checkpoint (JSON) and/or
+    # frames on top of it or of the stored conversation, until the turn succeeds. Read it
+    # with TurnRecords.progress.
+    checkpoint: bytes = b""
+    frames: tuple[bytes, ...] = ()
+    base: bytes = b""  # the stored conversation the frames build on, kept once the turn ended
+    journal: dict[str, bytes] = field(default_factory=dict)  # tasks/journal.py
     last_error: str = ""  # redacted
     result: Any = None  # the reply dict of a succeeded turn
     dlq_id: str = ""
@@ -120,8 +134,13 @@ class TurnRecord:
 
     @classmethod
     def from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
-        fields = {_text(k): _text(v) for k, v in raw.items()}
-        checkpoint = raw.get(b"checkpoint", raw.get("checkpoint", b""))
+        fields = {_text(k): _text(v) for k, v in raw.items() if not _is_large(k)}
+        frames = tuple(_bytes(raw, f"frame:{n}") for n in range(1, _int(fields, "frames") + 1))
+        journal = {
+            name: _bytes(raw, name)
+            for name in (_text(k) for k in raw)
+            if name.startswith("journal:")
+        }
         return cls(
             turn_id=turn_id,
             state=TurnState(fields["state"]),
@@ -141,7 +160,10 @@ class TurnRecord:
             first_failed_at_ms=_int(fields, "first_failed_at_ms"),
             worker=fields.get("worker", ""),
             token=fields.get("token", ""),
-            checkpoint=checkpoint if isinstance(checkpoint, bytes) else checkpoint.encode(),
+            checkpoint=_bytes(raw, "checkpoint"),
+            frames=frames,
+            base=_bytes(raw, "base"),
+            journal=journal,
             last_error=fields.get("last_error", ""),
             result=_json(fields, "result"),
             dlq_id=fields.get("dlq_id", ""),
@@ -152,8 +174,9 @@ class TurnRecord:
             cancel_reason=fields.get("cancel_reason", ""),
         )
 
-    def as_dict(self) -> dict[str, Any]:
-        """The record for people and JSON output (camelCase keys, no lease token)."""
+    def as_dict(self, progress: AgentRunCheckpoint | None = None) -> dict[str, Any]:
+        """The record for people and JSON output (camelCase keys, no lease token), with its
+        progress when given (TurnRecords.progress)."""
         return {
             "turnId": self.turn_id,
             "state": str(self.state),
@@ -180,8 +203,14 @@ class TurnRecord:
             "cancelReason": self.cancel_reason or None,
             "payload": self.payload,
             "result": self.result,
-            "checkpoint": orjson.loads(self.checkpoint) if self.checkpoint else None,
+            "checkpoint": progress.wire() if progress is not None else None,
         }
+
+
+def _is_large(name: bytes | str) -> bool:
+    """Fields kept as bytes, not decoded with the small ones."""
+    text = _text(name)
+    return text in ("checkpoint", "base") or text.startswith(("frame:", "journal:"))
 
 
 @dataclass(frozen=True)
@@ -317,25 +346,46 @@ class TurnRecords:
         namespace: str,
         token: str,
         lease_ttl_s: float,
-        checkpoint: bytes | None = None,
+        frame: bytes | None = None,
         iteration: int = 0,
+        *,
+        ends_iteration: bool = True,
     ) -> bool:
-        """Extend the lease; with a checkpoint, also persist the turn's progress. False when
-        the lease is no longer this turn's."""
+        """Extend the lease; with a progress frame (tasks/progress.py), also persist it, and
+        when it `ends_iteration`, drop that iteration's journal. False when the lease is no
+        longer this turn's."""
         k = self._keys.for_namespace(namespace)
         args: list[Any] = [turn_id, token, int(lease_ttl_s * 1000)]
-        if checkpoint is not None:
-            args += [checkpoint, iteration]
+        if frame is not None:
+            args += [frame, iteration, int(ends_iteration)]
         keys = [k.turn(turn_id), k.lease(namespace), k.running, k.events(turn_id)]
         return bool(self._run("progress", keys, args))
 
-    def tool_event(
-        self, turn_id: str, namespace: str, token: str, event_type: str, data: bytes
+    def write_journal(
+        self,
+        turn_id: str,
+        namespace: str,
+        token: str,
+        fields: dict[str, bytes],
+        *,
+        event_type: str = "",
+        event_data: bytes = b"{}",
     ) -> bool:
-        """Append a tool call's event; False when the lease is no longer this turn's."""
+        """Write journal fields of the iteration in flight (tasks/journal.py), with an event
+        in the same step when given; False when the lease is no longer this turn's."""
         k = self._keys.for_namespace(namespace)
         keys = [k.turn(turn_id), k.lease(namespace), k.events(turn_id)]
-        return bool(self._run("tool_event", keys, [turn_id, token, event_type, data]))
+        flat = [item for pair in fields.items() for item in pair]
+        return bool(self._run("journal", keys, [turn_id, token, event_type, event_data, *flat]))
+
+    def progress(self, record: TurnRecord) -> AgentRunCheckpoint | None:
+        """The turn's last persisted progress as a checkpoint (tasks/progress.py), reading the
+        stored conversation when its frames build on it; None when it has none of its own."""
+        stored = record.base or None
+        if record.frames and not record.checkpoint and stored is None and record.namespace:
+            found = self._redis.get(self._keys.conversation(record.namespace))
+            stored = found if isinstance(found, bytes) else None
+        return progress_checkpoint(record.checkpoint, record.frames, stored)
 
     def _ending_keys(self, k: ShardKeys, turn_id: str, namespace: str) -> list[str]:
         # The keys common.lua's end_turn reads as `k`, in its order.
@@ -349,6 +399,7 @@ class TurnRecords:
             k.finished,
             k.events(turn_id),
             k.deadlines,
+            k.conversation(namespace),
         ]
 
     def succeed(
@@ -363,7 +414,7 @@ class TurnRecords:
     ) -> Ended:
         """Store the conversation and end the turn, atomically."""
         k = self._keys.for_namespace(namespace)
-        keys = [*self._ending_keys(k, turn_id, namespace), k.conversation(namespace)]
+        keys = self._ending_keys(k, turn_id, namespace)
         args = [turn_id, token, envelope, result, ttl_s, k.turn_prefix]
         return _ended(self._run("succeed", keys, args))
 

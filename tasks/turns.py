@@ -46,6 +46,7 @@ from agent import (
     ModelCallReport,
     ProgressKind,
     ProgressReport,
+    ResponseReport,
     RunCheckpointError,
     ToolCallPhase,
     ToolCallReport,
@@ -63,7 +64,9 @@ from tasks.errors import (
     Reason,
     TurnDeadLettered,
 )
+from tasks.journal import call_fields, read_journal, response_fields
 from tasks.payload import TurnRequest, parse_payload, registration_of
+from tasks.progress import FrameWriter, apply_frames
 from tasks.records import ClaimStatus, Registered, TurnRecord
 from tasks.redact import redact
 from tasks.registry import build_agent
@@ -343,6 +346,7 @@ class _Turn:
         self.attempt = record.attempt
         self.stored = stored
         self.last_checkpoint: AgentRunCheckpoint | None = None
+        self.frames = FrameWriter(None)
         # Whether the seeded report is worth a write: only when a time layer fixed the turn's
         # clock, since otherwise a fresh start rebuilds everything it holds.
         self.persist_seed = False
@@ -405,17 +409,28 @@ class _Turn:
 
     def _run_agent(self, request: TurnRequest) -> AgentResult:
         agent = build_agent(request.agent, self.ctx.settings.agents)
-        if self.record.checkpoint:
-            # A later attempt, or a redelivery after a crash: resume from the last persisted
-            # progress; tools of completed iterations do not run again.
-            checkpoint = AgentRunCheckpoint.from_json(self.record.checkpoint)
-            self.last_checkpoint = checkpoint
-            return agent.resume_on_error(checkpoint, time=request.time, **self._hooks())
+        # The iteration in flight when an earlier delivery stopped, if its response was kept:
+        # it goes on without a second model call or a second run of a completed tool call.
+        journal = read_journal(self.record.journal)
         stored = None
         if self.stored is not None:
             key = self.ctx.store.key(self.namespace)
             stored = read_envelope(self.stored, key, self.namespace)
+        if self.record.checkpoint or self.record.frames:
+            # A later attempt, or a redelivery after a crash: resume from the last persisted
+            # progress; tools of completed iterations do not run again.
+            base = stored
+            if self.record.checkpoint:
+                base = AgentRunCheckpoint.from_json(self.record.checkpoint)
+            checkpoint = apply_frames(base, self.record.frames)
+            assert checkpoint is not None
+            self.last_checkpoint = checkpoint
+            self.frames = FrameWriter(checkpoint)
+            return agent.resume_on_error(
+                checkpoint, time=request.time, journal=journal, **self._hooks()
+            )
         self.last_checkpoint = stored
+        self.frames = FrameWriter(stored)
         self.persist_seed = agent.time_layer is not None
         turn_input = AgentInput(
             message=request.message,
@@ -424,13 +439,14 @@ class _Turn:
             message_from=request.message_from,
             time=request.time,
         )
-        return agent.run(turn_input, **self._hooks())
+        return agent.run(turn_input, journal=journal, **self._hooks())
 
     def _hooks(self) -> dict[str, Any]:
         return {
             "on_report": self.persist,
             "on_tool_call": self.tool_call,
             "on_model_call": self.model_call,
+            "on_response": self.response,
         }
 
     def model_call(self, report: ModelCallReport) -> None:
@@ -445,19 +461,33 @@ class _Turn:
         ):
             raise LeaseLost(self.turn_id)
 
+    def response(self, report: ResponseReport) -> None:
+        """Journal a model response before any of its tools runs (tasks/journal.py)."""
+        if not self.ctx.records.write_journal(
+            self.turn_id, self.namespace, self.token, response_fields(report)
+        ):
+            raise LeaseLost(self.turn_id)
+
     def tool_call(self, report: ToolCallReport) -> None:
-        """A tool call's event in the turn's stream (tool.started / tool.finished)."""
+        """Journal a tool call's start (its key and attempt) or outcome, with its event in
+        the turn's stream (tool.started / tool.finished) in the same step. Starting is a
+        check point: a turn no longer this worker's does not run the tool."""
         data: dict[str, Any] = {"tool": report.tool, "toolCallId": report.tool_call_id}
         if report.phase is ToolCallPhase.FINISHED:
             data["ok"] = bool(report.ok)
-        event_type = f"tool.{report.phase}"
-        if not self.ctx.records.tool_event(
-            self.turn_id, self.namespace, self.token, event_type, orjson.dumps(data)
+        if not self.ctx.records.write_journal(
+            self.turn_id,
+            self.namespace,
+            self.token,
+            call_fields(report),
+            event_type=f"tool.{report.phase}",
+            event_data=orjson.dumps(data),
         ):
             raise LeaseLost(self.turn_id)
 
     def persist(self, report: ProgressReport) -> None:
-        """Write progress before the next iteration's tools run (docs/jobs.md, guarantee 3)."""
+        """Write progress before the next iteration's tools run (docs/jobs.md, guarantee 3):
+        a frame of what changed since the last write (tasks/progress.py)."""
         self.last_checkpoint = report.checkpoint
         if report.kind is ProgressKind.SEEDED and not self.persist_seed:
             return
@@ -468,8 +498,9 @@ class _Turn:
             self.namespace,
             self.token,
             self.ctx.settings.lease_ttl_s,
-            checkpoint=report.checkpoint.to_json(),
+            frame=self.frames.frame(report.checkpoint),
             iteration=self.iteration,
+            ends_iteration=report.kind is ProgressKind.ROUND,
         ):
             raise LeaseLost(self.turn_id)
         if report.kind is ProgressKind.ROUND:

@@ -32,7 +32,42 @@ end
 local function ending_keys()
   return {turn = KEYS[1], lease = KEYS[2], running = KEYS[3], queue = KEYS[4],
     retries = KEYS[5], pending = KEYS[6], finished = KEYS[7], events = KEYS[8],
-    deadlines = KEYS[9]}
+    deadlines = KEYS[9], conversation = KEYS[10]}
+end
+
+-- A turn's progress frames (tasks/progress.py): fields frame:1 .. frame:<frames>.
+local function add_frame(turn_key, frame)
+  local n = redis.call('HINCRBY', turn_key, 'frames', 1)
+  redis.call('HSET', turn_key, 'frame:' .. n, frame)
+end
+
+local function clear_frames(turn_key)
+  local n = tonumber(redis.call('HGET', turn_key, 'frames') or '0')
+  for i = 1, n do redis.call('HDEL', turn_key, 'frame:' .. i) end
+  redis.call('HDEL', turn_key, 'frames', 'base')
+end
+
+-- Replace a turn's progress with a whole checkpoint (a retry's, a dead letter's).
+local function set_checkpoint(turn_key, checkpoint)
+  clear_frames(turn_key)
+  redis.call('HSET', turn_key, 'checkpoint', checkpoint)
+end
+
+-- Frames that build on the stored conversation keep a copy of it once the turn ends, since
+-- the conversation moves on with the next turn.
+local function keep_base(turn_key, conversation_key)
+  if redis.call('HEXISTS', turn_key, 'frames') == 0 then return end
+  if redis.call('HEXISTS', turn_key, 'checkpoint') == 1 then return end
+  local stored = redis.call('GET', conversation_key)
+  if stored then redis.call('HSET', turn_key, 'base', stored) end
+end
+
+-- The journal of the iteration in flight (tasks/journal.py): journal:response and
+-- journal:<index> for each call that started, journal:calls holding how many calls it has.
+local function clear_journal(turn_key)
+  local n = tonumber(redis.call('HGET', turn_key, 'journal:calls') or '0')
+  for i = 0, n - 1 do redis.call('HDEL', turn_key, 'journal:' .. i) end
+  redis.call('HDEL', turn_key, 'journal:response', 'journal:calls')
 end
 
 -- Append one event to a turn's stream, in the same step as the record change it reports
@@ -50,6 +85,8 @@ end
 local function end_turn(k, turn_id, state, now, fields, event_type, event_data)
   redis.call('HSET', k.turn, 'state', state, 'finished_at_ms', now, 'updated_at_ms', now,
     unpack(fields))
+  clear_journal(k.turn)
+  keep_base(k.turn, k.conversation)
   emit(k.events, k.turn, now, event_type, event_data)
   redis.call('HDEL', k.turn, 'token')
   if lease_holder(k.lease) == turn_id then redis.call('DEL', k.lease) end

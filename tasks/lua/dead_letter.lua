@@ -3,7 +3,7 @@
 -- (no expiry) while the entry does. token '' is for a turn that was never claimed.
 -- -> {'ok', next head or false} | {'done'} (already ended) | {'lost'} (lease not held)
 local k = ending_keys()
-local dlq_key, dlq_index_key = KEYS[10], KEYS[11]
+local dlq_key, dlq_index_key = KEYS[11], KEYS[12]
 local turn_id, token, entry_id, entry, reason, checkpoint, turn_prefix =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 k.turn_prefix = turn_prefix
@@ -11,7 +11,7 @@ k.turn_prefix = turn_prefix
 if is_terminal(redis.call('HGET', k.turn, 'state')) then return {'done'} end
 if token ~= '' and not holds_lease(k.lease, turn_id, token) then return {'lost'} end
 local now = now_ms()
-if checkpoint ~= '' then redis.call('HSET', k.turn, 'checkpoint', checkpoint) end
+if checkpoint ~= '' then set_checkpoint(k.turn, checkpoint) end
 -- The failure times are the server's: the entry summary gets them here.
 local first = redis.call('HGET', k.turn, 'first_failed_at_ms') or tostring(now)
 local summary = cjson.decode(entry)

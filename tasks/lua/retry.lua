@@ -1,4 +1,4 @@
--- A running turn failed with a resumable error: keep its checkpoint, release the lease and
+-- A running turn failed with a resumable error: keep its checkpoint (in place of its frames), release the lease and
 -- wait in the retry index until due. -> the due time (server epoch ms), or 0 when the lease is
 -- no longer this turn's.
 local turn_key, lease_key, running_key, retries_key, events_key =
@@ -10,8 +10,10 @@ if not holds_lease(lease_key, turn_id, token) then return 0 end
 local now = now_ms()
 local due = now + delay_ms
 emit(events_key, turn_key, now, 'retry.scheduled', {dueAt = due, error = error})
+-- The journal stays: the next attempt continues the iteration in flight from it.
+set_checkpoint(turn_key, checkpoint)
 redis.call('HSET', turn_key, 'state', 'waiting', 'due_at_ms', due, 'attempt', next_attempt,
-  'deliveries', 0, 'checkpoint', checkpoint, 'last_error', error, 'updated_at_ms', now)
+  'deliveries', 0, 'last_error', error, 'updated_at_ms', now)
 redis.call('HSETNX', turn_key, 'first_failed_at_ms', now)
 redis.call('HDEL', turn_key, 'token')
 redis.call('ZADD', retries_key, due, turn_id)

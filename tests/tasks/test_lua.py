@@ -394,13 +394,13 @@ def test_progress_persists_the_checkpoint_and_extends_the_lease(
     before = records.server_time_ms()
 
     # When its worker reports round 2's checkpoint with a 30 s lease
-    renewed = records.renew("t1", NS, "tok-a", LEASE_S, checkpoint=CHECKPOINT_2, iteration=2)
+    renewed = records.renew("t1", NS, "tok-a", LEASE_S, frame=CHECKPOINT_2, iteration=2)
     after = records.server_time_ms()
 
     # Then the checkpoint and iteration are stored, and the lease and running index move on
     assert renewed is True
     turn = record(records, "t1")
-    assert (turn.checkpoint, turn.iteration) == (CHECKPOINT_2, 2)
+    assert (turn.frames, turn.iteration) == ((CHECKPOINT_2,), 2)
     assert before <= turn.updated_at_ms <= after
     assert client.pttl(k.lease(NS)) > 1000
     running_until = score(client, k.running, "t1")
@@ -414,7 +414,7 @@ def test_renew_without_a_checkpoint_only_extends_the_lease(
     # Given a turn that persisted round 1, on a 1 s lease
     register(records, "t1")
     claim(records, "t1", "tok-a", lease_ttl_s=1.0)
-    records.renew("t1", NS, "tok-a", 1.0, checkpoint=CHECKPOINT_1, iteration=1)
+    records.renew("t1", NS, "tok-a", 1.0, frame=CHECKPOINT_1, iteration=1)
 
     # When the lease keeper renews it for 30 s
     assert records.renew("t1", NS, "tok-a", LEASE_S)
@@ -422,24 +422,24 @@ def test_renew_without_a_checkpoint_only_extends_the_lease(
     # Then the lease is longer and the progress is as it was
     assert client.pttl(shard(records).lease(NS)) > 1000
     turn = record(records, "t1")
-    assert (turn.checkpoint, turn.iteration) == (CHECKPOINT_1, 1)
+    assert (turn.frames, turn.iteration) == ((CHECKPOINT_1,), 1)
 
 
 def test_progress_under_a_wrong_token_is_refused(records: TurnRecords, client: redis.Redis) -> None:
     # Given a turn running under token tok-a with a 1 s lease, at round 1
     register(records, "t1")
     claim(records, "t1", "tok-a", lease_ttl_s=1.0)
-    records.renew("t1", NS, "tok-a", 1.0, checkpoint=CHECKPOINT_1, iteration=1)
+    records.renew("t1", NS, "tok-a", 1.0, frame=CHECKPOINT_1, iteration=1)
     k = shard(records)
     running_until = score(client, k.running, "t1")
 
     # When a writer with another token reports progress
-    renewed = records.renew("t1", NS, "tok-x", LEASE_S, checkpoint=CHECKPOINT_2, iteration=2)
+    renewed = records.renew("t1", NS, "tok-x", LEASE_S, frame=CHECKPOINT_2, iteration=2)
 
     # Then it is refused: no checkpoint, no longer lease, the running index unchanged
     assert renewed is False
     turn = record(records, "t1")
-    assert (turn.checkpoint, turn.iteration) == (CHECKPOINT_1, 1)
+    assert (turn.frames, turn.iteration) == ((CHECKPOINT_1,), 1)
     assert client.pttl(k.lease(NS)) <= 1000
     assert score(client, k.running, "t1") == running_until
 
@@ -454,11 +454,11 @@ def test_a_stale_worker_cannot_write_over_the_worker_that_took_its_turn_over(
     k = shard(records)
     wait_until(lambda: not client.exists(k.lease(NS)), 5, "A's lease to run out")
     assert claim(records, "t1", "tok-b", worker="w2@host").status is ClaimStatus.CLAIMED
-    assert records.renew("t1", NS, "tok-b", LEASE_S, checkpoint=CHECKPOINT_1, iteration=1)
+    assert records.renew("t1", NS, "tok-b", LEASE_S, frame=CHECKPOINT_1, iteration=1)
 
     # When A wakes up and tries every write a running turn makes
     renewed = records.renew("t1", NS, "tok-a", LEASE_S)
-    progressed = records.renew("t1", NS, "tok-a", LEASE_S, checkpoint=CHECKPOINT_2, iteration=2)
+    progressed = records.renew("t1", NS, "tok-a", LEASE_S, frame=CHECKPOINT_2, iteration=2)
     succeeded = succeed(records, "t1", "tok-a")
     retried = retry(records, "t1", "tok-a", delay_ms=1000)
     dead = dead_letter(records, "t1", "tok-a")
@@ -469,7 +469,7 @@ def test_a_stale_worker_cannot_write_over_the_worker_that_took_its_turn_over(
     assert dead == Ended(False)
     turn = record(records, "t1")
     assert turn.state is TurnState.RUNNING
-    assert (turn.token, turn.checkpoint, turn.iteration) == ("tok-b", CHECKPOINT_1, 1)
+    assert (turn.token, turn.frames, turn.iteration) == ("tok-b", (CHECKPOINT_1,), 1)
     assert records.lease_holder(NS) == "t1"
     assert client.get(k.lease(NS)) == b"t1|tok-b"
     assert client.get(k.conversation(NS)) is None
@@ -478,6 +478,107 @@ def test_a_stale_worker_cannot_write_over_the_worker_that_took_its_turn_over(
     assert client.lrange(k.queue(NS), 0, -1) == [b"t1", b"t2"]
     # and B still finishes it
     assert succeed(records, "t1", "tok-b") == Ended(True, "t2", "demo")
+
+
+# -- journal and frames --------------------------------------------------------------------------
+
+JOURNAL = {"journal:response": b'{"historyLength":1}', "journal:calls": b"2"}
+
+
+def journal_of(records: TurnRecords, turn_id: str = "t1") -> dict[str, bytes]:
+    return record(records, turn_id).journal
+
+
+def event_types(client: redis.Redis, records: TurnRecords, turn_id: str = "t1") -> list[bytes]:
+    return [fields[b"type"] for _, fields in client.xrange(shard(records).events(turn_id))]
+
+
+def test_the_journal_is_written_with_its_event_under_the_lease(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    # Given a running turn
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+
+    # When its worker journals a response, then a call's start with its event
+    assert records.write_journal("t1", NS, "tok-a", JOURNAL)
+    started = {"journal:0": b'{"attempt":1}'}
+    event = b'{"tool":"pay","toolCallId":"c1"}'
+    assert records.write_journal(
+        "t1", NS, "tok-a", started, event_type="tool.started", event_data=event
+    )
+
+    # Then both are in the record, and the event in the stream
+    assert journal_of(records) == {**JOURNAL, **started}
+    assert event_types(client, records)[-1] == b"tool.started"
+
+
+def test_a_journal_write_under_a_wrong_token_is_refused(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+    assert not records.write_journal("t1", NS, "tok-x", JOURNAL, event_type="tool.started")
+    assert journal_of(records) == {}
+    assert event_types(client, records) == [b"turn.queued", b"turn.started"]
+
+
+def test_frames_accumulate_and_a_round_drops_its_journal(records: TurnRecords) -> None:
+    # Given a running turn with a journal of its iteration in flight
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+    records.write_journal("t1", NS, "tok-a", {**JOURNAL, "journal:0": b"{}", "journal:1": b"{}"})
+
+    # When a frame that does not end the iteration (a seed, a fold) is persisted
+    records.renew("t1", NS, "tok-a", LEASE_S, frame=b"f1", iteration=1, ends_iteration=False)
+    # Then the journal stays
+    assert len(journal_of(records)) == 4
+
+    # When the round ends with a second frame
+    records.renew("t1", NS, "tok-a", LEASE_S, frame=b"f2", iteration=2)
+    # Then both frames are kept in order and the journal is gone
+    turn = record(records, "t1")
+    assert (turn.frames, turn.iteration, turn.journal) == ((b"f1", b"f2"), 2, {})
+
+
+def test_a_retry_replaces_the_frames_and_keeps_the_journal(records: TurnRecords) -> None:
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+    records.renew("t1", NS, "tok-a", LEASE_S, frame=b"f1", iteration=1)
+    records.write_journal("t1", NS, "tok-a", JOURNAL)
+    retry(records, "t1", "tok-a", delay_ms=1000)
+    turn = record(records, "t1")
+    # the next attempt resumes the whole checkpoint and continues the iteration in flight
+    assert (turn.checkpoint, turn.frames) == (CHECKPOINT_1, ())
+    assert turn.journal == JOURNAL
+
+
+def test_a_turn_ended_from_outside_keeps_the_conversation_its_frames_build_on(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    # Given a running turn whose frames build on the stored conversation
+    client.set(shard(records).conversation(NS), ENVELOPE)
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+    records.renew("t1", NS, "tok-a", LEASE_S, frame=b"f1", iteration=1)
+    records.write_journal("t1", NS, "tok-a", JOURNAL)
+
+    # When it is cancelled
+    records.cancel("t1", NS, reason="test", ttl_s=3600)
+
+    # Then it keeps a copy of that conversation with its frames, and drops its journal
+    turn = record(records, "t1")
+    assert (turn.base, turn.frames, turn.journal) == (ENVELOPE, (b"f1",), {})
+
+
+def test_succeed_drops_the_frames_and_the_journal(records: TurnRecords) -> None:
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+    records.renew("t1", NS, "tok-a", LEASE_S, frame=b"f1", iteration=1)
+    records.write_journal("t1", NS, "tok-a", JOURNAL)
+    succeed(records, "t1", "tok-a")
+    turn = record(records, "t1")
+    assert (turn.frames, turn.base, turn.journal) == ((), b"", {})
 
 
 # -- succeed -------------------------------------------------------------------------------------
@@ -491,7 +592,7 @@ def test_succeed_stores_the_conversation_and_ends_the_turn(
     register(records, "t1")
     register(records, "t2")
     claim(records, "t1", "tok-a")
-    records.renew("t1", NS, "tok-a", LEASE_S, checkpoint=CHECKPOINT_1, iteration=1)
+    records.renew("t1", NS, "tok-a", LEASE_S, frame=CHECKPOINT_1, iteration=1)
     k = shard(records)
     client.zadd(k.pending, {"t2": 1})
     client.zadd(k.retries, {"t1": 1})
@@ -508,7 +609,7 @@ def test_succeed_stores_the_conversation_and_ends_the_turn(
     turn = record(records, "t1")
     assert turn.state is TurnState.SUCCEEDED
     assert turn.result == orjson.loads(RESULT)
-    assert turn.checkpoint == b""
+    assert (turn.checkpoint, turn.frames) == (b"", ())
     assert turn.token == ""
     assert before <= turn.finished_at_ms <= after
     # and the record expires after ttl_s
@@ -535,7 +636,7 @@ def test_succeed_under_a_wrong_token_is_lost(records: TurnRecords, client: redis
     # Given a running turn with a checkpoint
     register(records, "t1")
     claim(records, "t1", "tok-a")
-    records.renew("t1", NS, "tok-a", LEASE_S, checkpoint=CHECKPOINT_1, iteration=1)
+    records.renew("t1", NS, "tok-a", LEASE_S, frame=CHECKPOINT_1, iteration=1)
 
     # When a writer with another token succeeds it
     ended = succeed(records, "t1", "tok-x")
@@ -545,7 +646,7 @@ def test_succeed_under_a_wrong_token_is_lost(records: TurnRecords, client: redis
     k = shard(records)
     assert client.get(k.conversation(NS)) is None
     turn = record(records, "t1")
-    assert (turn.state, turn.checkpoint) == (TurnState.RUNNING, CHECKPOINT_1)
+    assert (turn.state, turn.frames) == (TurnState.RUNNING, (CHECKPOINT_1,))
     assert client.ttl(k.turn("t1")) == -1
     assert records.lease_holder(NS) == "t1"
 
@@ -877,7 +978,7 @@ def lifecycle(records: TurnRecords, namespace: str) -> None:
     assert claim(records, "t1", "tok-a", namespace=namespace).status is ClaimStatus.CLAIMED
     assert claim(records, "t1", "tok-b", namespace=namespace).status is ClaimStatus.BUSY
     assert records.renew("t1", namespace, "tok-a", LEASE_S)
-    assert records.renew("t1", namespace, "tok-a", LEASE_S, checkpoint=CHECKPOINT_1, iteration=1)
+    assert records.renew("t1", namespace, "tok-a", LEASE_S, frame=CHECKPOINT_1, iteration=1)
     assert not records.renew("t1", namespace, "tok-x", LEASE_S)
     assert records.lease_holder(namespace) == "t1"
     assert records.schedule_retry(

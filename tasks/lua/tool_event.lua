@@ -1,8 +1,0 @@
--- A tool call of a running turn started or finished: append its event, while the lease is
--- this turn's. -> 1, or 0 for a stale worker (it stops: the turn is someone else's now).
-local turn_key, lease_key, events_key = KEYS[1], KEYS[2], KEYS[3]
-local turn_id, token, event_type, data = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-
-if not holds_lease(lease_key, turn_id, token) then return 0 end
-emit(events_key, turn_key, now_ms(), event_type, cjson.decode(data))
-return 1
