@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
+
+import orjson
 
 from agent import (
     Agent,
@@ -13,6 +16,7 @@ from agent import (
     OpenAIChatProvider,
     ProviderHTTPError,
     ToolCall,
+    ToolContext,
     tool,
 )
 from tasks.demo.agents import _SlowAwareProvider, lookup_order
@@ -91,3 +95,72 @@ def build_openai_agent() -> Agent:
 
 def build_raising() -> Any:
     raise RuntimeError("the model's settings are missing")
+
+
+# -- the journal: a response with three calls, a process killed during one of them ------------
+
+
+def _journal_redis() -> Any:
+    import redis
+
+    return redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+class _ThreeCallProvider:
+    """Asks for pay(1), pay(2), pay(3) in one response, then answers. The turn's message is
+    `<tag> kill:<n>`: its calls are counted under journal:<tag>:model, and the tool kills its
+    worker during the first start of call n."""
+
+    name = "three-calls"
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        tag, kill = str(request.messages[0]["content"]).split()
+        _journal_redis().incr(f"journal:{tag}:model")
+        if any(m.get("role") == "tool" for m in request.messages):
+            return LLMResponse(content="all paid")
+        kill_at = int(kill.removeprefix("kill:"))
+        calls = [
+            ToolCall(id=f"c{n}", name="pay", args={"n": n, "tag": tag, "kill": kill_at})
+            for n in (1, 2, 3)
+        ]
+        return LLMResponse(tool_calls=calls)
+
+
+def _pay_tool(effect: str, parallel: bool) -> Any:
+    @tool(effect=effect)
+    def pay(n: int, tag: str, kill: int, ctx: ToolContext) -> str:
+        """Pay item n; each start is recorded with the key and attempt it saw."""
+        start = {"n": n, "key": ctx.idempotency_key, "attempt": ctx.attempt}
+        _journal_redis().rpush(f"journal:{tag}:starts", orjson.dumps(start))
+        if n == kill and ctx.attempt == 1:
+            if parallel:
+                time.sleep(1.0)  # the other calls finish and are journaled meanwhile
+            os.kill(os.getpid(), signal.SIGKILL)
+        return f"paid {n}"
+
+    return pay
+
+
+def _journal_agent(effect: str, parallel: bool) -> Agent:
+    return Agent(
+        provider=_ThreeCallProvider(),
+        model="test-model",
+        tools=[_pay_tool(effect, parallel)],
+        parallel_tools=parallel,
+    )
+
+
+def build_journal_idempotent() -> Agent:
+    return _journal_agent("idempotent", parallel=False)
+
+
+def build_journal_unsafe() -> Agent:
+    return _journal_agent("unsafe", parallel=False)
+
+
+def build_journal_parallel_idempotent() -> Agent:
+    return _journal_agent("idempotent", parallel=True)
+
+
+def build_journal_parallel_unsafe() -> Agent:
+    return _journal_agent("unsafe", parallel=True)

@@ -24,6 +24,10 @@ TEST_AGENTS = {
     "leaky": "tests.tasks.agents:build_leaky_agent",
     "broken": "tests.tasks.agents:build_nothing",
     "raising": "tests.tasks.agents:build_raising",
+    "journal_idempotent": "tests.tasks.agents:build_journal_idempotent",
+    "journal_unsafe": "tests.tasks.agents:build_journal_unsafe",
+    "journal_parallel_idempotent": "tests.tasks.agents:build_journal_parallel_idempotent",
+    "journal_parallel_unsafe": "tests.tasks.agents:build_journal_parallel_unsafe",
 }
 
 
