@@ -347,6 +347,8 @@ class _Turn:
         self.stored = stored
         self.last_checkpoint: AgentRunCheckpoint | None = None
         self.frames = FrameWriter(None)
+        self.journal_lock = threading.Lock()
+        self.unwritten_response: dict[str, bytes] | None = None
         # Whether the seeded report is worth a write: only when a time layer fixed the turn's
         # clock, since otherwise a fresh start rebuilds everything it holds.
         self.persist_seed = False
@@ -462,11 +464,10 @@ class _Turn:
             raise LeaseLost(self.turn_id)
 
     def response(self, report: ResponseReport) -> None:
-        """Journal a model response before any of its tools runs (tasks/journal.py)."""
-        if not self.ctx.records.write_journal(
-            self.turn_id, self.namespace, self.token, response_fields(report)
-        ):
-            raise LeaseLost(self.turn_id)
+        """Journal a model response before any of its tools runs (tasks/journal.py): it goes
+        with the first call's start, in the same write, so the journal costs no round trip."""
+        with self.journal_lock:
+            self.unwritten_response = response_fields(report)
 
     def tool_call(self, report: ToolCallReport) -> None:
         """Journal a tool call's start (its key and attempt) or outcome, with its event in
@@ -475,15 +476,19 @@ class _Turn:
         data: dict[str, Any] = {"tool": report.tool, "toolCallId": report.tool_call_id}
         if report.phase is ToolCallPhase.FINISHED:
             data["ok"] = bool(report.ok)
-        if not self.ctx.records.write_journal(
-            self.turn_id,
-            self.namespace,
-            self.token,
-            call_fields(report),
-            event_type=f"tool.{report.phase}",
-            event_data=orjson.dumps(data),
-        ):
-            raise LeaseLost(self.turn_id)
+        # Held while writing: a parallel call starts only once the response is journaled.
+        with self.journal_lock:
+            fields = {**(self.unwritten_response or {}), **call_fields(report)}
+            if not self.ctx.records.write_journal(
+                self.turn_id,
+                self.namespace,
+                self.token,
+                fields,
+                event_type=f"tool.{report.phase}",
+                event_data=orjson.dumps(data),
+            ):
+                raise LeaseLost(self.turn_id)
+            self.unwritten_response = None
 
     def persist(self, report: ProgressReport) -> None:
         """Write progress before the next iteration's tools run (docs/jobs.md, guarantee 3):
