@@ -14,7 +14,8 @@ from agent.jsnumbers import js_json
 
 Message = dict[str, Any]
 
-# Keys that belong to the record but never reach a provider (docs/checkpoint.md, D9).
+# Keys that belong to the record but never reach a provider (docs/checkpoint.md, D9);
+# request_messages tests for the one there is by name.
 _RECORD_ONLY_KEYS = ("injectedBy",)
 
 
@@ -76,13 +77,16 @@ class LLMProvider(Protocol):
 
 def request_messages(history: Sequence[Message]) -> list[Message]:
     """History as the model sees it: ephemeral messages and record-only keys left out."""
+    # Called before every model call on the whole history: most messages have neither key,
+    # and a key test is the cheapest way to tell.
     out: list[Message] = []
+    append = out.append
     for message in history:
-        if message.get("ephemeral") is True:
+        if "ephemeral" in message and message["ephemeral"] is True:
             continue
-        if any(key in message for key in _RECORD_ONLY_KEYS):
+        if "injectedBy" in message:
             message = {k: v for k, v in message.items() if k not in _RECORD_ONLY_KEYS}
-        out.append(message)
+        append(message)
     return out
 
 

@@ -9,7 +9,9 @@ record whose own identity names another namespace is refused, never served.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,10 +60,52 @@ def read_envelope(raw: bytes, key: str, namespace: str) -> AgentRunCheckpoint:
     return checkpoint
 
 
+# The stored conversations a worker last wrote or read, kept checked, by total envelope size.
+RECENT_ENVELOPE_BYTES = 16 * 1024 * 1024
+
+
+class RecentConversations:
+    """Checked conversations by namespace, with the envelope bytes they were read from.
+
+    A conversation's next turn is claimed with its stored envelope; when those are the bytes
+    this process wrote or read last for the namespace, their checkpoint is the one already
+    checked, so the worker does not parse and check the whole conversation again (the cost
+    of a turn that grows with the conversation). Bytes that differ are read afresh."""
+
+    def __init__(self, max_bytes: int = RECENT_ENVELOPE_BYTES) -> None:
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._entries: OrderedDict[str, tuple[bytes, AgentRunCheckpoint]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(self, raw: bytes, key: str, namespace: str) -> AgentRunCheckpoint:
+        with self._lock:
+            found = self._entries.get(namespace)
+        if found is not None and found[0] == raw:
+            return found[1]
+        checkpoint = read_envelope(raw, key, namespace)
+        self.remember(namespace, raw, checkpoint)
+        return checkpoint
+
+    def remember(self, namespace: str, raw: bytes, checkpoint: AgentRunCheckpoint) -> None:
+        if len(raw) > self._max_bytes // 4:
+            return  # one conversation must not push every other one out
+        with self._lock:
+            old = self._entries.pop(namespace, None)
+            if old is not None:
+                self._bytes -= len(old[0])
+            self._entries[namespace] = (raw, checkpoint)
+            self._bytes += len(raw)
+            while self._bytes > self._max_bytes:
+                _, (dropped, _) = self._entries.popitem(last=False)
+                self._bytes -= len(dropped)
+
+
 class ConversationStore:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self._redis = client
         self._keys = keys
+        self.recent = RecentConversations()
 
     def key(self, namespace: str) -> str:
         return self._keys.conversation(namespace)

@@ -72,7 +72,7 @@ from tasks.redact import redact
 from tasks.registry import build_agent
 from tasks.results import RUNNING, WAITING, report_state, write_final_result
 from tasks.retry import backoff_delay_s
-from tasks.store import envelope_bytes, read_envelope
+from tasks.store import envelope_bytes
 
 logger = logging.getLogger("agentjobs.turns")
 
@@ -417,7 +417,7 @@ class _Turn:
         stored = None
         if self.stored is not None:
             key = self.ctx.store.key(self.namespace)
-            stored = read_envelope(self.stored, key, self.namespace)
+            stored = self.ctx.store.recent.read(self.stored, key, self.namespace)
         if self.record.checkpoint or self.record.frames:
             # A later attempt, or a redelivery after a crash: resume from the last persisted
             # progress; tools of completed iterations do not run again.
@@ -519,17 +519,19 @@ class _Turn:
             "content": result.content,
             "attempts": self.attempt,
         }
+        envelope = envelope_bytes(result.checkpoint)
         ended = self.ctx.records.succeed(
             self.turn_id,
             self.namespace,
             self.token,
-            envelope=envelope_bytes(result.checkpoint),
+            envelope=envelope,
             result=orjson.dumps(reply),
             ttl_s=self.ctx.settings.record_ttl_s,
         )
         if not ended.ended:
             self._repair_result()
             raise Ignore()
+        self.ctx.store.recent.remember(self.namespace, envelope, result.checkpoint)
         wake(ended.next_head, self.namespace, ended.next_head_agent, self.record.conversation_id)
         return reply
 
