@@ -14,8 +14,11 @@ check failed:
   - each Celery result matches its record (SUCCESS and the result, or TurnDeadLettered and the
     reason);
   - each stored conversation is exactly its succeeded turns, in submission order;
-  - a tool round ran more than once only if it was in flight at a kill or at the Redis
-    restart (snapshots of the running turns just before and just after each event);
+  - a tool call started more than once only if it was in flight at a kill or at the Redis
+    restart (snapshots of the running turns just before and just after each event), then only
+    with its own idempotency key and the next attempt, never after a start that returned, and
+    never for an unsafe tool (every third turn's), whose interrupted calls say
+    `[outcome unknown]` instead; the table splits the repeats by why;
   - the dead letters are exactly the 401 turns and the exhausted ones, with readable
     checkpoints;
   - the API key and the endpoint host that the gateway's errors quote appear nowhere: Redis,
@@ -41,7 +44,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import orjson
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,19 +222,10 @@ class InFlight:
     task_id: str
     worker: str
     token: str
-    # The record's iteration counts within the current run: a resumed run starts again at 1.
+    # The record's iteration: the turn's iteration in flight, across attempts. A soak turn's
+    # iterations are its tool rounds, then the answer, so it is also the round in flight.
     iteration: int
-    # So the tool round in flight comes from the persisted checkpoint: rounds it holds, plus 1.
     round: int
-
-
-def round_in_flight(checkpoint: str) -> int:
-    if not checkpoint:
-        return 1
-    history = orjson.loads(checkpoint).get("history") or []
-    users = [i for i, m in enumerate(history) if m.get("role") == "user"]
-    after = history[users[-1] + 1 :] if users else history
-    return 1 + sum(1 for m in after if m.get("role") == "tool")
 
 
 class Observer:
@@ -267,7 +260,7 @@ class Observer:
         return len(self._ended)
 
     def running(self, worker_prefix: str = "") -> dict[str, InFlight]:
-        fields = ("state", "worker", "token", "iteration", "checkpoint")
+        fields = ("state", "worker", "token", "iteration")
         found: dict[str, InFlight] = {}
         for task_id, row in self.fetch(self.open_ids(), fields).items():
             if row["state"] == "running" and row["worker"].startswith(worker_prefix):
@@ -275,8 +268,8 @@ class Observer:
                     task_id,
                     row["worker"],
                     row["token"],
-                    int(row["iteration"] or 0),
-                    round_in_flight(row["checkpoint"]),
+                    int(row["iteration"] or 1),
+                    int(row["iteration"] or 1),
                 )
         return found
 
@@ -529,12 +522,14 @@ def examine(
     turns = [Turn(p, t, records[t]) for p, t in zip(submitted, observer.task_ids, strict=True)]
     logs = [p.log() for p in cluster.processes()]
     effects = checks.read_effects(ctx.redis, ctx.keys.prefix)
+    starts = checks.read_starts(ctx.redis, ctx.keys.prefix)
     number_of = {t.task_id: t.plan.number for t in turns}
     entries = ctx.dead_letters.list_entries()
     result_texts: list[str] = []
-    side_effects, repeated = checks.check_side_effects(
-        turns, effects, in_flight_by_round(events, number_of)
-    )
+    in_flight = in_flight_by_round(events, number_of)
+    side_effects, repeats = checks.check_side_effects(turns, effects, in_flight, starts)
+    unsafe_in_flight = [key for key in in_flight if sa.is_unsafe_turn(key[0])]
+    histories, unknown = checks.check_histories(turns, load_conversation, unsafe_in_flight)
     for event in events:
         event.repeated = sum(
             1 for task_id, r in event.in_flight if effects.get((number_of[task_id], r), 0) > 1
@@ -542,7 +537,7 @@ def examine(
     findings = [
         checks.check_outcomes(turns, logs),
         checks.check_results(turns, app, result_texts),
-        checks.check_histories(turns, load_conversation),
+        histories,
         side_effects,
         checks.check_dead_letters(turns, entries, ctx.settings.max_attempts),
         check_chaos(events),
@@ -552,7 +547,8 @@ def examine(
     findings.append(
         checks.check_secrets(keys.swept, ctx.redis, entries, result_texts, cluster.swept_files())
     )
-    return Outcome(findings, table_rows(turns, events, repeated, len(cluster.exits), ctx))
+    rows = table_rows(turns, events, repeats, unknown, len(cluster.exits), ctx)
+    return Outcome(findings, rows)
 
 
 def check_chaos(events: list[ChaosEvent]) -> Finding:
@@ -575,7 +571,12 @@ def check_exits(exits: list[Exit]) -> Finding:
 
 
 def table_rows(
-    turns: list[Turn], events: list[ChaosEvent], repeated: int, exits: int, ctx: Any
+    turns: list[Turn],
+    events: list[ChaosEvent],
+    repeats: checks.Repeats,
+    unknown: int,
+    exits: int,
+    ctx: Any,
 ) -> list[tuple[str, str]]:
     states = [t.state for t in turns]
     reasons: dict[str, int] = {}
@@ -598,7 +599,11 @@ def table_rows(
         ("Redis restarts", str(len(events) - len(kills))),
         ("redeliveries", str(sum(t.number("redeliveries") for t in turns))),
         ("worst recovery delay", worst),
-        ("repeated side effects", str(repeated)),
+        ("repeated side effects", str(repeats.total)),
+        ("  of calls that had completed", str(repeats.after_return)),
+        ("  interrupted idempotent calls, again with their key", str(repeats.same_key)),
+        ("  of unsafe calls", str(repeats.unsafe)),
+        ("interrupted unsafe calls -> [outcome unknown]", str(unknown)),
         ("processes that exited on their own", str(exits)),
         ("model calls", str(calls)),
         ("faults injected", ", ".join(f"{k}: {v}" for k, v in sorted(faults.items()))),

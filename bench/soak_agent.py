@@ -7,9 +7,11 @@ chosen at submission, so the expected dead letters are known). Every other fault
 model call from (seed, turn, call number) by a hash, so a run is reproducible: for call k of
 turn n, u = hash(seed, n, k) in [0, 1) gives HTTP 503 below RATE_503, HTTP 429 with a
 retry-after of RETRY_AFTER_S below RATE_503 + RATE_429, else an answer; each call first sleeps
-hash(seed, n, k, latency) * LATENCY_MAX_S. Each turn runs 1-2 rounds of record_effect, which
-counts its execution in Redis (the side effect), then waits up to TOOL_LATENCY_MAX_S. Call
-numbers and side effects are counted in Redis, so they survive kills and resumes.
+hash(seed, n, k, latency) * LATENCY_MAX_S. Each turn runs 1-2 rounds of a tool that counts its
+execution in Redis (the side effect), then waits up to TOOL_LATENCY_MAX_S: record_effect
+(effect `idempotent`), or for every third turn record_unsafe_effect (effect `unsafe`). Each
+start is also logged with the idempotency key and attempt it saw, and whether it returned.
+Call numbers, side effects and starts are kept in Redis, so they survive kills and resumes.
 
 The error texts quote the API key and the endpoint URL, as a careless gateway's do: the job
 system must redact them before storing or logging anything.
@@ -24,9 +26,18 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import orjson
 import redis
 
-from agent import Agent, LLMRequest, LLMResponse, ProviderHTTPError, ToolCall, tool
+from agent import (
+    Agent,
+    LLMRequest,
+    LLMResponse,
+    ProviderHTTPError,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 from tasks.context import job_context
 
 RATE_503 = 0.15
@@ -41,6 +52,7 @@ TOOL_LATENCY_MAX_S = 0.2
 REDIS_PATIENCE_S = 60.0
 SEED_VARIABLE = "SOAK_SEED"
 TOOL_NAME = "record_effect"
+UNSAFE_TOOL_NAME = "record_unsafe_effect"
 
 _TURN = re.compile(r"\bsoak turn (\d+)\b")
 _ROUNDS = re.compile(r"\brounds=(\d+)\b")
@@ -53,6 +65,15 @@ def soak_message(turn: int, conversation: str, rounds: int, refused: bool) -> st
     return f"soak turn {turn} conversation {conversation} rounds={rounds}" + (
         _REFUSED if refused else ""
     )
+
+
+def is_unsafe_turn(turn: int) -> bool:
+    """Every third turn's tool is declared unsafe: an interrupted call must not run again."""
+    return turn % 3 == 0
+
+
+def tool_name_for(turn: int) -> str:
+    return UNSAFE_TOOL_NAME if is_unsafe_turn(turn) else TOOL_NAME
 
 
 def answer_for(turn: int) -> str:
@@ -76,6 +97,12 @@ def calls_key(prefix: str, turn: int) -> str:
 def effects_key(prefix: str) -> str:
     """Hash "turn:round" -> executions of record_effect: the counted side effect."""
     return f"{prefix}:soak:effects"
+
+
+def starts_key(prefix: str) -> str:
+    """List of JSON {turn, round, key, attempt} per start of a tool call, and {turn, round,
+    attempt, returned: true} when that start returned."""
+    return f"{prefix}:soak:starts"
 
 
 def faults_key(prefix: str) -> str:
@@ -146,7 +173,8 @@ class FaultyGatewayProvider:
         if rounds_done < _number(_ROUNDS, text):
             round_ = rounds_done + 1
             args = {"turn": turn, "round": round_}
-            return LLMResponse(tool_calls=[ToolCall(tool_call_id(turn, round_), TOOL_NAME, args)])
+            call = ToolCall(tool_call_id(turn, round_), tool_name_for(turn), args)
+            return LLMResponse(tool_calls=[call])
         return LLMResponse(content=answer_for(turn))
 
     def _refuse(self, status: int) -> None:
@@ -161,14 +189,32 @@ class FaultyGatewayProvider:
         )
 
 
-@tool(name=TOOL_NAME, description="Record that round `round` of turn `turn` ran (counted).")
-def record_effect(turn: int, round: int) -> dict[str, Any]:
+def _record(turn: int, round_: int, ctx: ToolContext) -> dict[str, Any]:
     context = job_context()
-    field = f"{turn}:{round}"
-    done = patiently(lambda: context.redis.hincrby(effects_key(context.keys.prefix), field, 1))
+    prefix = context.keys.prefix
+    start = {"turn": turn, "round": round_, "key": ctx.idempotency_key, "attempt": ctx.attempt}
+    patiently(lambda: context.redis.rpush(starts_key(prefix), orjson.dumps(start)))
+    field = f"{turn}:{round_}"
+    done = patiently(lambda: context.redis.hincrby(effects_key(prefix), field, 1))
     seed = int(os.environ.get(SEED_VARIABLE, "0"))
-    time.sleep(unit_hash(seed, turn, round, done, "tool") * TOOL_LATENCY_MAX_S)
-    return effect_result(turn, round)
+    time.sleep(unit_hash(seed, turn, round_, done, "tool") * TOOL_LATENCY_MAX_S)
+    returned = {"turn": turn, "round": round_, "attempt": ctx.attempt, "returned": True}
+    patiently(lambda: context.redis.rpush(starts_key(prefix), orjson.dumps(returned)))
+    return effect_result(turn, round_)
+
+
+@tool(name=TOOL_NAME, description="Record that round `round` of turn `turn` ran (counted).")
+def record_effect(turn: int, round: int, ctx: ToolContext) -> dict[str, Any]:
+    return _record(turn, round, ctx)
+
+
+@tool(
+    name=UNSAFE_TOOL_NAME,
+    description="Record that round `round` of turn `turn` ran; must never run twice.",
+    effect="unsafe",
+)
+def record_unsafe_effect(turn: int, round: int, ctx: ToolContext) -> dict[str, Any]:
+    return _record(turn, round, ctx)
 
 
 def build_soak_agent() -> Agent:
@@ -176,7 +222,7 @@ def build_soak_agent() -> Agent:
         provider=FaultyGatewayProvider(int(os.environ.get(SEED_VARIABLE, "0"))),
         model="soak-model",
         system="You are the soak's agent.",
-        tools=[record_effect],
+        tools=[record_effect, record_unsafe_effect],
         id="soak",
         max_iterations=8,
     )

@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 import redis
 
-from agent import AgentRunCheckpoint
+from agent import OUTCOME_UNKNOWN, AgentRunCheckpoint
+from agent.journal import outcome_unknown_text
 from bench import soak_agent as sa
 from tasks.errors import TurnDeadLettered
 from tasks.testing import redis_blob
@@ -153,23 +154,27 @@ def check_results(turns: list[Turn], app: Any, texts: list[str]) -> Finding:
 # --- conversation histories ------------------------------------------------------------------
 
 
-def expected_history(succeeded: list[PlannedTurn]) -> list[dict[str, Any]]:
+def expected_history(
+    succeeded: list[PlannedTurn], unknown: Iterable[tuple[int, int]] = ()
+) -> list[dict[str, Any]]:
+    """The stored history of these turns; the rounds in `unknown` (an unsafe call interrupted
+    by a kill) carry the `[outcome unknown]` text instead of the tool's result."""
+    unknown = set(unknown)
     history: list[dict[str, Any]] = []
     for plan in succeeded:
         history.append({"role": "user", "content": plan.message})
+        name = sa.tool_name_for(plan.number)
         for round_ in range(1, plan.rounds + 1):
             call_id = sa.tool_call_id(plan.number, round_)
             args = {"turn": plan.number, "round": round_}
-            call = {"id": call_id, "name": sa.TOOL_NAME, "args": args}
+            call = {"id": call_id, "name": name, "args": args}
             history.append({"role": "assistant", "content": "", "toolCalls": [call]})
-            content = orjson.dumps(sa.effect_result(plan.number, round_)).decode()
+            if (plan.number, round_) in unknown:
+                content = outcome_unknown_text(name)
+            else:
+                content = orjson.dumps(sa.effect_result(plan.number, round_)).decode()
             history.append(
-                {
-                    "role": "tool",
-                    "content": content,
-                    "toolCallId": call_id,
-                    "toolName": sa.TOOL_NAME,
-                }
+                {"role": "tool", "content": content, "toolCallId": call_id, "toolName": name}
             )
         history.append({"role": "assistant", "content": sa.answer_for(plan.number)})
     return history
@@ -182,9 +187,29 @@ def first_difference(got: list[Any], expected: list[Any]) -> str:
     return f"stored {len(got)} messages, expected {len(expected)}"
 
 
-def check_histories(turns: list[Turn], load: Any) -> Finding:
-    """`load(conversation_id)` -> AgentRunCheckpoint | None (tasks.load_conversation)."""
+def unknown_rounds(history: Iterable[Mapping[str, Any]]) -> set[tuple[int, int]]:
+    """(turn, round) of the tool messages that say `[outcome unknown]`."""
+    found = set()
+    for message in history:
+        if message.get("role") == "tool" and str(message.get("content")).startswith(
+            OUTCOME_UNKNOWN
+        ):
+            turn, _, round_ = str(message.get("toolCallId"))[1:].partition("r")
+            found.add((int(turn), int(round_)))
+    return found
+
+
+def check_histories(
+    turns: list[Turn],
+    load: Any,
+    may_be_unknown: Iterable[tuple[int, int]] = (),
+) -> tuple[Finding, int]:
+    """`load(conversation_id)` -> AgentRunCheckpoint | None (tasks.load_conversation).
+    `may_be_unknown`: the unsafe rounds in flight at a chaos event, the only ones whose tool
+    message may say `[outcome unknown]`. Returns the finding and how many do."""
     finding = Finding("stored conversations are exactly their succeeded turns, in order")
+    allowed = set(may_be_unknown)
+    unknown = 0
     by_conversation: dict[str, list[Turn]] = {}
     for turn in sorted(turns, key=lambda t: t.plan.number):
         by_conversation.setdefault(turn.plan.conversation, []).append(turn)
@@ -192,10 +217,12 @@ def check_histories(turns: list[Turn], load: Any) -> Finding:
         succeeded = [t.plan for t in members if t.state == "succeeded"]
         stored = load(conversation)
         got = list(stored.history) if stored is not None else []
-        expected = expected_history(succeeded)
+        said_unknown = unknown_rounds(got) & allowed
+        unknown += len(said_unknown)
+        expected = expected_history(succeeded, said_unknown)
         if got != expected:
             finding.fail(f"conversation {conversation}: {first_difference(got, expected)}")
-    return finding
+    return finding, unknown
 
 
 # --- side effects ----------------------------------------------------------------------------
@@ -210,20 +237,70 @@ def read_effects(client: redis.Redis, prefix: str) -> dict[tuple[int, int], int]
     return effects
 
 
+def read_starts(client: redis.Redis, prefix: str) -> dict[tuple[int, int], list[Start]]:
+    starts: dict[tuple[int, int], list[Start]] = {}
+    for raw in client.lrange(sa.starts_key(prefix), 0, -1):
+        entry = orjson.loads(raw)
+        calls = starts.setdefault((entry["turn"], entry["round"]), [])
+        if entry.get("returned"):
+            for start in calls:
+                if start.attempt == entry["attempt"]:
+                    start.returned = True
+        else:
+            calls.append(Start(entry["key"], entry["attempt"]))
+    return starts
+
+
+@dataclass
+class Start:
+    key: str
+    attempt: int
+    returned: bool = False
+
+
+@dataclass
+class Repeats:
+    """Tool calls started more than once, by why."""
+
+    total: int = 0  # starts beyond the first, over all calls
+    same_key: int = 0  # interrupted idempotent calls started again with their key
+    after_return: int = 0  # calls started again although an earlier start had returned
+    unsafe: int = 0  # unsafe calls started more than once (must stay 0)
+
+
 def check_side_effects(
     turns: list[Turn],
     effects: Mapping[tuple[int, int], int],
     in_flight: Mapping[tuple[int, int], list[str]],
-) -> tuple[Finding, int]:
-    """Returns the finding and the number of repeated executions.
+    starts: Mapping[tuple[int, int], list[Start]] | None = None,
+) -> tuple[Finding, Repeats]:
+    """Returns the finding and the repeated starts, by why.
 
     `in_flight` maps (turn, round) to the chaos events (kills, the Redis restart) at which that
     round was the iteration in flight: the only rounds allowed to run more than once, once more
-    per event.
+    per event. With `starts` (each start's key and attempt, and whether it returned), a call
+    starts again only with its own key, never after an earlier start returned (its outcome was
+    journaled), and never when its tool is unsafe.
     """
     finding = Finding("side effects repeated only in iterations in flight at a kill or restart")
     by_number = {t.plan.number: t for t in turns}
-    repeated = 0
+    repeats = Repeats()
+    for (number, round_), seen in sorted((starts or {}).items()):
+        if len(seen) < 2:
+            continue
+        where = f"turn {number} round {round_}"
+        if len({s.key for s in seen}) > 1:
+            finding.fail(f"{where} started with {len({s.key for s in seen})} different keys")
+        if [s.attempt for s in seen] != list(range(1, len(seen) + 1)):
+            finding.fail(f"{where} started with attempts {[s.attempt for s in seen]}")
+        if sa.is_unsafe_turn(number):
+            repeats.unsafe += len(seen) - 1
+            finding.fail(f"{where}: an unsafe call started {len(seen)} times")
+        returned = sum(1 for s in seen[:-1] if s.returned)
+        repeats.after_return += returned
+        if returned:
+            finding.fail(f"{where} started again after a start that returned")
+        repeats.same_key += len(seen) - 1
     for (number, round_), count in sorted(effects.items()):
         turn = by_number.get(number)
         if turn is None:
@@ -232,7 +309,7 @@ def check_side_effects(
         most = 1 if turn.plan.refused else turn.plan.rounds
         if round_ > most:
             finding.fail(f"round {round_} ran but at most {most} exist: {record_evidence(turn)}")
-        repeated += count - 1
+        repeats.total += count - 1
         allowed = 1 + len(in_flight.get((number, round_), []))
         if count > allowed:
             events = in_flight.get((number, round_), [])
@@ -245,7 +322,7 @@ def check_side_effects(
             for round_ in range(1, turn.plan.rounds + 1):
                 if effects.get((turn.plan.number, round_), 0) < 1:
                     finding.fail(f"round {round_} never ran: {record_evidence(turn)}")
-    return finding, repeated
+    return finding, repeats
 
 
 # --- dead letters ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 
 from bench.soak_checks import (
     PlannedTurn,
+    Start,
     Turn,
     check_dead_letters,
     check_histories,
@@ -26,8 +27,8 @@ def turn(number: int, state: str = "succeeded", rounds: int = 1, **record: str) 
 def test_a_side_effect_repeated_outside_any_chaos_event_fails() -> None:
     turns = [turn(1, rounds=2)]
     effects = {(1, 1): 1, (1, 2): 2}
-    finding, repeated = check_side_effects(turns, effects, {})
-    assert repeated == 1
+    finding, repeats = check_side_effects(turns, effects, {})
+    assert repeats.total == 1
     assert any("ran 2 times" in p for p in finding.problems)
 
 
@@ -52,13 +53,39 @@ def stored(history: list[dict[str, Any]]) -> Any:
 def test_histories_must_hold_each_succeeded_turn_once_in_order() -> None:
     first, second = turn(1), turn(2, rounds=2)
     good = expected_history([first.plan, second.plan])
-    assert check_histories([first, second], lambda _: stored(good)).problems == []
+    assert check_histories([first, second], lambda _: stored(good))[0].problems == []
     twice = good + expected_history([second.plan])
-    assert check_histories([first, second], lambda _: stored(twice)).problems
+    assert check_histories([first, second], lambda _: stored(twice))[0].problems
     swapped = expected_history([second.plan, first.plan])
-    assert check_histories([first, second], lambda _: stored(swapped)).problems
+    assert check_histories([first, second], lambda _: stored(swapped))[0].problems
     dead = turn(2, state="dead_lettered", rounds=2)
-    assert check_histories([first, dead], lambda _: stored(good)).problems
+    assert check_histories([first, dead], lambda _: stored(good))[0].problems
+
+
+def test_outcome_unknown_is_accepted_only_for_an_unsafe_round_in_flight() -> None:
+    unsafe = turn(3, rounds=2)  # every third turn's tool is unsafe
+    said = expected_history([unsafe.plan], unknown=[(3, 2)])
+    finding, unknown = check_histories([unsafe], lambda _: stored(said), [(3, 2)])
+    assert (finding.problems, unknown) == ([], 1)
+    finding, _ = check_histories([unsafe], lambda _: stored(said), [])
+    assert finding.problems, "[outcome unknown] for a round that was not in flight must fail"
+
+
+def test_a_call_started_again_must_keep_its_key_and_never_be_unsafe() -> None:
+    turns = [turn(1), turn(3)]
+    effects = {(1, 1): 2, (3, 1): 2}
+    in_flight = {(1, 1): ["kill w1"], (3, 1): ["kill w1"]}
+    same = {(1, 1): [Start("k", 1), Start("k", 2)]}
+    finding, repeats = check_side_effects(turns, effects, in_flight, same)
+    assert finding.problems == [] and repeats.same_key == 1
+    other_key = {(1, 1): [Start("k", 1), Start("j", 2)]}
+    assert check_side_effects(turns, {(1, 1): 2}, in_flight, other_key)[0].problems
+    after_return = {(1, 1): [Start("k", 1, returned=True), Start("k", 2)]}
+    finding, repeats = check_side_effects(turns, {(1, 1): 2}, in_flight, after_return)
+    assert finding.problems and repeats.after_return == 1
+    unsafe = {(3, 1): [Start("u", 1), Start("u", 2)]}
+    finding, repeats = check_side_effects(turns, effects, in_flight, unsafe)
+    assert any("unsafe" in p for p in finding.problems) and repeats.unsafe == 1
 
 
 def test_an_exhausted_turn_whose_last_error_is_not_a_gateway_fault_fails() -> None:
