@@ -13,7 +13,7 @@ from celery.app.control import Control
 from celery.signals import after_setup_logger, after_setup_task_logger
 from kombu.serialization import register
 
-from tasks import workarounds
+from tasks import broker, workarounds
 from tasks.redact import RedactingFilter
 
 ORJSON_CONTENT_TYPE = "application/x-orjson"
@@ -47,6 +47,7 @@ register(  # type: ignore[no-untyped-call]
 )
 
 workarounds.install()
+broker.install()
 
 
 class JSONControl(Control):  # type: ignore[misc]

@@ -83,11 +83,18 @@ class Presence:
 
     def _run(self) -> None:
         interval_s = self._ctx.settings.lease_ttl_s / RENEWALS_PER_TTL
+        failing = False
         while True:
             try:
                 self.beat()
             except redis.RedisError as exc:
-                logger.warning("worker heartbeat failed: %s", exc)
+                if not failing:  # one line per outage, not one per beat
+                    logger.warning("worker heartbeat failed: %s; retrying every beat", exc)
+                failing = True
+            else:
+                if failing:
+                    logger.info("worker heartbeat written again")
+                failing = False
             if self._stop.wait(interval_s):
                 return
 
