@@ -9,6 +9,8 @@
                                            the pump wakes resume_turn when due
         anything else / attempts spent  -> dead-letter entry + dead_lettered, atomically
         lease lost / Redis unreachable  -> nothing written; recovery wakes the turn again
+        worker shutting down            -> handed over at the next check point: queued again
+                                           from the last checkpoint, woken at once (a deploy)
     the next turn of the conversation is woken when this one ends.
 
 A turn's Celery task id is its turn id; resume_turn messages reuse it, so `AsyncResult.get()`
@@ -26,12 +28,12 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 import redis
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 
 from agent import (
     AgentError,
@@ -56,6 +58,7 @@ from tasks.context import JobContext, job_context
 from tasks.deadletter import file_dead_letter
 from tasks.errors import (
     BadPayload,
+    HandedOver,
     InvalidTurnRequest,
     JobError,
     LeaseLost,
@@ -276,6 +279,10 @@ def drive_turn(
     namespace: str | None = None,
 ) -> dict[str, Any]:
     ctx = job_context()
+    if ctx.leases.draining:
+        # This worker is shutting down: the message goes back to the broker as it came, for
+        # a worker that stays (tasks/worker.py).
+        raise Reject(requeue=True)
     try:
         if namespace is None:
             namespace = _namespace_of(ctx, turn_id, submitted)
@@ -350,6 +357,9 @@ class _Turn:
         self.iteration = record.iteration or 1
         self.result: AgentResult | None = None
         self.model_calls = 0
+        # Tool calls started since the last model call: a handover after one of them would
+        # run it again on the next worker, so the turn goes on to the next check point.
+        self.tools_since_model_call = 0
         self.report_lock = threading.Lock()
         self.outcome_decided = False
         self.reported_iteration = 0
@@ -436,17 +446,25 @@ class _Turn:
     def model_call(self, report: ModelCallReport) -> None:
         """A check point before each model call after the attempt's first (which follows the
         claim at once): a cancelled, overdue or taken-over turn stops here, before it pays for
-        another call."""
+        another call; on a worker that is shutting down, the turn is handed over here."""
         if report.phase is not ModelCallPhase.STARTED:
             return
         self.model_calls += 1
+        self.tools_since_model_call = 0
+        if self.ctx.leases.draining:
+            self.hand_over()
         if self.model_calls > 1 and not self.ctx.records.renew(
             self.turn_id, self.namespace, self.token, self.ctx.settings.lease_ttl_s
         ):
             raise LeaseLost(self.turn_id)
 
     def tool_call(self, report: ToolCallReport) -> None:
-        """A tool call's event in the turn's stream (tool.started / tool.finished)."""
+        """A tool call's event in the turn's stream (tool.started / tool.finished). Before
+        the first tool of a model response, a check point for a worker that is shutting down."""
+        if report.phase is ToolCallPhase.STARTED:
+            if self.ctx.leases.draining and not self.tools_since_model_call:
+                self.hand_over()
+            self.tools_since_model_call += 1
         data: dict[str, Any] = {"tool": report.tool, "toolCallId": report.tool_call_id}
         if report.phase is ToolCallPhase.FINISHED:
             data["ok"] = bool(report.ok)
@@ -455,6 +473,22 @@ class _Turn:
             self.turn_id, self.namespace, self.token, event_type, orjson.dumps(data)
         ):
             raise LeaseLost(self.turn_id)
+
+    def hand_over(self) -> NoReturn:
+        """This worker is shutting down (a deploy): give the turn, as last persisted, to
+        another worker now, rather than keep this one up or leave the turn a lease."""
+        woken = self.ctx.records.hand_over(
+            self.turn_id, self.namespace, self.token, worker=self.record.worker, reason="shutdown"
+        )
+        if woken is None:
+            raise LeaseLost(self.turn_id)
+        wake(woken.turn_id, woken.namespace, woken.agent, woken.conversation_id)
+        logger.info(
+            "turn %s handed over at iteration %d: this worker is shutting down",
+            self.turn_id,
+            self.iteration,
+        )
+        raise HandedOver(self.turn_id)
 
     def persist(self, report: ProgressReport) -> None:
         """Write progress before the next iteration's tools run (docs/jobs.md, guarantee 3)."""
