@@ -16,9 +16,10 @@ from tasks.records import TurnState
 from tasks.status import TurnStatus, turn_status
 from tasks.store import namespace_for
 from tasks.turns import resume_turn, run_turn
-from tasks.worker import PresenceStep
+from tasks.worker import HandoverStep, PresenceStep
 
 app.steps["worker"].add(PresenceStep)
+app.steps["worker"].add(HandoverStep)
 
 
 def load_conversation(

@@ -8,7 +8,9 @@
     ├── AgentUnavailable          a registered agent whose factory failed
     ├── DeadlineExceeded          a turn still unfinished at its deadline
     └── LeaseLost                 another worker took the conversation over, or the turn was
-                                  cancelled (this delivery stops writing)
+        │                         cancelled (this delivery stops writing)
+        └── HandedOver            this worker is shutting down: the run stops at a check point
+                                  and the turn goes to another worker at once
     TurnDeadLettered              what result.get() raises for a turn that ended dead-lettered
     TurnCancelled                 what result.get() raises for a cancelled turn
     InvalidTurnRequest (ValueError)   run_turn.delay(...) refused before anything is queued
@@ -113,6 +115,18 @@ class LeaseLost(JobError):
 
     def __init__(self, turn_id: str) -> None:
         super().__init__(f"turn {turn_id} lost its conversation lease; another worker owns it")
+
+
+class HandedOver(LeaseLost):
+    """The turn was handed over at a check point: its worker is shutting down. A LeaseLost,
+    since the lease is another worker's to take now, and this delivery writes nothing more."""
+
+    code = "ERR_HANDED_OVER"
+
+    def __init__(self, turn_id: str) -> None:
+        JobError.__init__(
+            self, f"turn {turn_id} was handed over to another worker: this one is shutting down"
+        )
 
 
 class TurnDeadLettered(Exception):

@@ -3,6 +3,11 @@ process is running (a thread per turn would cost more than a short turn itself).
 
 It belongs to the process's JobContext. It starts with the first lease it holds and again
 in a forked pool child (threads do not survive a fork), and `stop()` ends it.
+
+It also carries the process's one piece of shutdown state: once `drain()` is called (the
+worker was told to stop, tasks/worker.py), every turn it runs hands its lease over at its next
+check point (tasks/turns.py), and `held()` names the leases still held when the grace runs out.
+The flag lives here, not in a module global, because it is about exactly these leases.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import redis
 
@@ -24,6 +30,13 @@ logger = logging.getLogger("agentjobs.leases")
 RENEWALS_PER_TTL = 4
 
 
+@dataclass(frozen=True)
+class HeldLease:
+    turn_id: str
+    namespace: str
+    token: str
+
+
 class LeaseKeeper:
     def __init__(self, records: TurnRecords, lease_ttl_s: float) -> None:
         self._records = records
@@ -34,10 +47,28 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        # Set once, never cleared: a worker that began to shut down does not take turns again.
+        self._draining = threading.Event()
 
     @property
     def interval_s(self) -> float:
         return self._lease_ttl_s / RENEWALS_PER_TTL
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    def drain(self) -> None:
+        """From now on the turns of this process hand their leases over at their next check
+        point. Only sets an event, so a signal handler may call it."""
+        self._draining.set()
+
+    def wait_for_drain(self, timeout_s: float | None = None) -> bool:
+        return self._draining.wait(timeout_s)
+
+    def held(self) -> list[HeldLease]:
+        with self._lock:
+            return [HeldLease(t, ns, token) for token, (t, ns, _) in self._held.items()]
 
     def start(self) -> None:
         with self._lock:

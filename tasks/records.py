@@ -6,13 +6,17 @@ turn) followed by the script's own body; every script touches the keys of one sh
 The states of a turn and what moves it (the only transitions there are):
 
     register ──> queued ──claim──> running ──answer──────────────────────> succeeded
-                   │                 │  │
-                   │                 │  ├──resumable failure, attempts left──> waiting
-                   │                 │  │                                        │
-                   │                 │  │           claim, once due (the pump) <─┘  -> running
-                   │                 │  │
-                   │                 │  └──lease expired (worker died): takeover, a new claim
-                   │                 │     of the same running turn from its last checkpoint
+                   │  ^              │  │
+                   │  │              │  ├──resumable failure, attempts left──> waiting
+                   │  │              │  │                                        │
+                   │  │              │  │           claim, once due (the pump) <─┘  -> running
+                   │  │              │  │
+                   │  │              │  ├──lease expired (worker died): takeover, a new claim
+                   │  │              │  │  of the same running turn from its last checkpoint
+                   │  │              │  │
+                   │  └──────────────┼──┴──its worker shuts down (a deploy): handed over, the
+                   │                 │     lease released at once; claimed again from its last
+                   │                 │     checkpoint as the same delivery
                    │                 │
                    │                 └──not resumable / attempts spent / poison / bad input
                    │                    / agent error──────────────────────> dead_lettered
@@ -131,6 +135,7 @@ class TurnRecord:
     replayed_as: str = ""  # the turn id a dead-letter replay of this turn got
     deadline_at_ms: int = 0
     cancel_reason: str = ""
+    handovers: int = 0  # times a worker that was shutting down handed it to another
 
     @classmethod
     def from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
@@ -172,6 +177,7 @@ class TurnRecord:
             replayed_as=fields.get("replayed_as", ""),
             deadline_at_ms=_int(fields, "deadline_at_ms"),
             cancel_reason=fields.get("cancel_reason", ""),
+            handovers=_int(fields, "handovers"),
         )
 
     def as_dict(self, progress: AgentRunCheckpoint | None = None) -> dict[str, Any]:
@@ -186,6 +192,7 @@ class TurnRecord:
             "attempt": self.attempt,
             "deliveries": self.deliveries,
             "redeliveries": self.redeliveries,
+            "handovers": self.handovers,
             "iteration": self.iteration,
             "createdAtMs": self.created_at_ms,
             "updatedAtMs": self.updated_at_ms,
@@ -360,6 +367,19 @@ class TurnRecords:
             args += [frame, iteration, int(ends_iteration)]
         keys = [k.turn(turn_id), k.lease(namespace), k.running, k.events(turn_id)]
         return bool(self._run("progress", keys, args))
+
+    def hand_over(
+        self, turn_id: str, namespace: str, token: str, *, worker: str, reason: str
+    ) -> Due | None:
+        """Release a running turn's lease for another worker to claim at once, queued again with
+        its last persisted checkpoint; returns what to wake, or None when the lease was no
+        longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.pending, k.events(turn_id)]
+        reply = self._run("handover", keys, [turn_id, token, worker, reason])
+        if _text(reply[0]) != "ok":
+            return None
+        return Due(turn_id, namespace, _text(reply[1]), _text(reply[2]))
 
     def write_journal(
         self,

@@ -61,6 +61,9 @@ class Settings:
     turn_deadline_s: float = 3600.0
     # How long after a turn ends the pump checks that its Celery result was stored.
     result_grace_s: float = 5.0
+    # A worker told to stop (SIGTERM, a deploy) hands its turns over at their next check point
+    # and exits within this; a turn still stuck in a tool then is handed over as last persisted.
+    shutdown_grace_s: float = 30.0
     # Finished turn records, dead-letter replay markers and Celery results live this long.
     record_ttl_s: int = 7 * 24 * 3600
     # The global Redis indices (due retries, running turns, ...) are split into this many
@@ -107,6 +110,7 @@ def load_settings(
         stall_after_s=env.seconds("AGENTJOBS_STALL_AFTER_S", Settings.stall_after_s),
         turn_deadline_s=env.seconds("AGENTJOBS_TURN_DEADLINE_S", Settings.turn_deadline_s),
         result_grace_s=env.seconds("AGENTJOBS_RESULT_GRACE_S", Settings.result_grace_s),
+        shutdown_grace_s=env.seconds("AGENTJOBS_SHUTDOWN_GRACE_S", Settings.shutdown_grace_s),
         record_ttl_s=env.whole_seconds("AGENTJOBS_RECORD_TTL_S", Settings.record_ttl_s),
         index_shards=env.count(
             "AGENTJOBS_INDEX_SHARDS", Settings.index_shards, maximum=MAX_INDEX_SHARDS

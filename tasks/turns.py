@@ -9,6 +9,8 @@
                                            the pump wakes resume_turn when due
         anything else / attempts spent  -> dead-letter entry + dead_lettered, atomically
         lease lost / Redis unreachable  -> nothing written; recovery wakes the turn again
+        worker shutting down            -> handed over at the next check point: queued again
+                                           from the last checkpoint, woken at once (a deploy)
     the next turn of the conversation is woken when this one ends.
 
 A turn's Celery task id is its turn id; resume_turn messages reuse it, so `AsyncResult.get()`
@@ -31,7 +33,7 @@ from typing import Any
 import orjson
 import redis
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 
 from agent import (
     AgentError,
@@ -57,6 +59,7 @@ from tasks.context import JobContext, job_context
 from tasks.deadletter import file_dead_letter
 from tasks.errors import (
     BadPayload,
+    HandedOver,
     InvalidTurnRequest,
     JobError,
     LeaseLost,
@@ -81,6 +84,7 @@ class Outcome(StrEnum):
     SUCCEED = "succeed"
     RETRY = "retry"
     DEAD_LETTER = "dead_letter"
+    HAND_OVER = "hand_over"  # this worker is shutting down: another takes the turn at once
     IGNORE = "ignore"  # write nothing: another delivery owns the turn, or Redis is away
 
 
@@ -104,6 +108,8 @@ _DOOR_REASONS: dict[type[BaseException], Reason] = {
 
 def decide(exc: BaseException, *, attempt: int, max_attempts: int) -> Decision:
     """The one table from a failed attempt's exception to what happens to the turn."""
+    if isinstance(exc, HandedOver) or isinstance(getattr(exc, "cause", None), HandedOver):
+        return Decision(Outcome.HAND_OVER)
     if isinstance(exc, RunCheckpointError):
         if isinstance(exc.cause, LeaseLost | redis.RedisError):
             return Decision(Outcome.IGNORE)
@@ -279,6 +285,10 @@ def drive_turn(
     namespace: str | None = None,
 ) -> dict[str, Any]:
     ctx = job_context()
+    if ctx.leases.draining:
+        # This worker is shutting down: the message goes back to the broker as it came, for
+        # a worker that stays (tasks/worker.py).
+        raise Reject(requeue=True)
     try:
         if namespace is None:
             namespace = _namespace_of(ctx, turn_id, submitted)
@@ -356,6 +366,8 @@ class _Turn:
         self.iteration = record.iteration or 1
         self.result: AgentResult | None = None
         self.model_calls = 0
+        # Tool calls started since the last model call: a handover after one of them would
+        # run it again on the next worker, so the turn goes on to the next check point.
         self.report_lock = threading.Lock()
         self.outcome_decided = False
         self.reported_iteration = 0
@@ -398,6 +410,8 @@ class _Turn:
             self.outcome_decided = True
         if decision.outcome is Outcome.IGNORE:
             self._repair_result()
+        if decision.outcome is Outcome.HAND_OVER:
+            self._hand_over()
         if decision.outcome is Outcome.SUCCEED:
             assert self.result is not None
             return self._succeed(self.result)
@@ -454,10 +468,12 @@ class _Turn:
     def model_call(self, report: ModelCallReport) -> None:
         """A check point before each model call after the attempt's first (which follows the
         claim at once): a cancelled, overdue or taken-over turn stops here, before it pays for
-        another call."""
+        another call; on a worker that is shutting down, the turn is handed over here."""
         if report.phase is not ModelCallPhase.STARTED:
             return
         self.model_calls += 1
+        if self.ctx.leases.draining:
+            raise HandedOver(self.turn_id)
         if self.model_calls > 1 and not self.ctx.records.renew(
             self.turn_id, self.namespace, self.token, self.ctx.settings.lease_ttl_s
         ):
@@ -472,7 +488,10 @@ class _Turn:
     def tool_call(self, report: ToolCallReport) -> None:
         """Journal a tool call's start (its key and attempt) or outcome, with its event in
         the turn's stream (tool.started / tool.finished) in the same step. Starting is a
-        check point: a turn no longer this worker's does not run the tool."""
+        check point: a turn no longer this worker's does not run the tool, and a worker that
+        is shutting down hands the turn over (the journal keeps the calls that completed)."""
+        if report.phase is ToolCallPhase.STARTED and self.ctx.leases.draining:
+            raise HandedOver(self.turn_id)
         data: dict[str, Any] = {"tool": report.tool, "toolCallId": report.tool_call_id}
         if report.phase is ToolCallPhase.FINISHED:
             data["ok"] = bool(report.ok)
@@ -489,6 +508,30 @@ class _Turn:
             ):
                 raise LeaseLost(self.turn_id)
             self.unwritten_response = None
+
+    def _hand_over(self) -> None:
+        """This worker is shutting down (a deploy) and the run stopped at a check point: give
+        the turn, as last persisted, to another worker now, rather than keep this one up or
+        leave the turn a lease. Calls of a parallel response that were running have finished
+        and journaled their outcomes by now; a response whose first call was about to start
+        is journaled first, so the next worker does not ask the model again."""
+        with self.journal_lock:
+            unwritten, self.unwritten_response = self.unwritten_response, None
+        if unwritten and not self.ctx.records.write_journal(
+            self.turn_id, self.namespace, self.token, unwritten
+        ):
+            return  # no longer ours: nothing to hand over
+        woken = self.ctx.records.hand_over(
+            self.turn_id, self.namespace, self.token, worker=self.record.worker, reason="shutdown"
+        )
+        if woken is None:
+            return
+        wake(woken.turn_id, woken.namespace, woken.agent, woken.conversation_id)
+        logger.info(
+            "turn %s handed over at iteration %d: this worker is shutting down",
+            self.turn_id,
+            self.iteration,
+        )
 
     def persist(self, report: ProgressReport) -> None:
         """Write progress before the next iteration's tools run (docs/jobs.md, guarantee 3):

@@ -1,5 +1,5 @@
 """What a worker process adds beside running tasks: its heartbeat, naming the turns it holds
-prefetched but not started.
+prefetched but not started, and its handover of the turns it runs when it is told to stop.
 
 With the Redis broker, messages a worker prefetched stay unacknowledged when its main process
 is SIGKILLed, and Redis hands them out again only after the visibility timeout (an hour).
@@ -8,18 +8,36 @@ the server's clock; the pump wakes the turns of a worker whose beats stopped for
 lifetime, so a queued turn whose message died with its worker is woken as fast as a running
 one. A turn already running is covered by its lease; a wake-up that finds nothing to do is
 dropped by the turn record.
+
+A warm shutdown (SIGTERM, a deploy) hands the worker's turns over instead of waiting for them
+(docs/operations.md, "Deploys"). Celery alone stops consuming and then waits for every running
+task, so a deploy lasted as long as the longest turn, and the SIGKILL that ends a deploy left
+that turn idle for a lease. Here the turns it prefetched are woken for other workers at once,
+each running turn hands its lease over at its next check point and its task ends (Celery's
+wait ends with the last of them), and when shutdown_grace_s runs out, the turns still stuck in
+a tool are handed over as last persisted and the process exits: a thread cannot be stopped,
+and Celery would wait for it forever. Whatever the abandoned thread writes later is refused by
+the lease fence. The grace is kept by a threads pool (the Procfile's); a solo pool's turn
+hands over at its check points too, and a prefork pool's children are not told (its turns keep
+Celery's warm shutdown).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
 import threading
+import time
 from typing import Any, ClassVar
 
 import orjson
 import redis
 from celery import bootsteps
+from celery.apps.worker import Worker as CeleryWorker
+from celery.concurrency.thread import TaskPool as ThreadsPool
+from celery.signals import worker_shutting_down
 from celery.utils.functional import maybe_list
 from celery.worker import control
 from celery.worker import state as worker_state
@@ -28,6 +46,7 @@ from tasks.context import JobContext, job_context
 from tasks.leases import RENEWALS_PER_TTL
 from tasks.payload import registration_of
 from tasks.registry import check_agents
+from tasks.turns import wake
 
 logger = logging.getLogger("agentjobs.worker")
 
@@ -146,3 +165,88 @@ class PresenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
             self.presence = None
 
     shutdown = stop
+
+
+@worker_shutting_down.connect  # type: ignore[untyped-decorator]
+def _stop_taking_turns(how: str = "", **_: Any) -> None:
+    """SIGTERM or SIGINT reached the worker: its turns hand over from their next check point
+    on. Runs in the signal handler, so it only sets an event; HandoverStep's thread, waiting
+    for it, does the rest (Celery itself notices the signal up to a second later)."""
+    if how == "Warm":
+        job_context().leases.drain()
+
+
+def hand_over_held(ctx: JobContext, worker: str) -> list[str]:
+    """Hand over every turn this process still holds, as last persisted, and wake each for
+    another worker; returns their ids."""
+    handed = []
+    for held in ctx.leases.held():
+        try:
+            woken = ctx.records.hand_over(
+                held.turn_id, held.namespace, held.token, worker=worker, reason="grace_expired"
+            )
+        except redis.RedisError as exc:  # its lease runs out and the pump wakes it
+            logger.warning("could not hand over turn %s: %s", held.turn_id, exc)
+            continue
+        if woken is not None:
+            wake(woken.turn_id, woken.namespace, woken.agent, woken.conversation_id)
+            handed.append(held.turn_id)
+    return handed
+
+
+def wake_prefetched() -> int:
+    """Wake the turns this process prefetched but has not started, for other workers now:
+    Celery gives their messages back only once every running task has ended. A copy that
+    comes back later is dropped by the turn record."""
+    turns = prefetched_turns()
+    for turn_id, namespace in turns:
+        wake(turn_id, namespace or None)
+    return len(turns)
+
+
+def _drain(ctx: JobContext, worker: str) -> None:
+    ctx.leases.wait_for_drain()
+    grace_s = ctx.settings.shutdown_grace_s
+    started = time.monotonic()
+    woken = wake_prefetched()
+    logger.info(
+        "shutting down: %d running turns hand over at their next check point, %d prefetched "
+        "turns were woken for other workers; exiting within %g s",
+        len(ctx.leases.held()),
+        woken,
+        grace_s,
+    )
+    time.sleep(max(0.0, grace_s - (time.monotonic() - started)))
+    # Still running: a turn is stuck in a tool, and Celery waits for its thread forever.
+    handed = hand_over_held(ctx, worker)
+    logger.warning(
+        "shutdown grace of %g s ran out: handed over %d turns still in a tool%s; exiting",
+        grace_s,
+        len(handed),
+        f" ({', '.join(handed)})" if handed else "",
+    )
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)  # nothing is lost: every turn it held is queued again and woken
+
+
+class HandoverStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """A worker bootstep: a warm shutdown hands the turns over (see the module's docstring).
+    Its thread waits from the start for the shutdown to begin. Celery stops the step before
+    the pool, whose stop is the wait for the running tasks.
+
+    Only in a `celery worker` process: a worker embedded in another program (Celery's test
+    worker) is stopped and started again in a process that is not ours to exit."""
+
+    requires: ClassVar[set[str]] = {"celery.worker.components:Pool"}
+
+    def start(self, parent: Any) -> None:
+        if isinstance(parent, CeleryWorker) and isinstance(parent.pool, ThreadsPool):
+            args = (job_context(), parent.hostname)
+            threading.Thread(target=_drain, args=args, name="handover", daemon=True).start()
+
+    def stop(self, parent: Any) -> None:
+        if isinstance(parent, CeleryWorker):
+            job_context().leases.drain()  # also for a shutdown without a signal (remote control)

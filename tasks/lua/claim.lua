@@ -16,8 +16,15 @@ if redis.call('LINDEX', queue_key, 0) ~= turn_id then return {'not_head'} end
 if redis.call('EXISTS', lease_key) == 1 then return {'busy'} end
 
 redis.call('SET', lease_key, lease_value(turn_id, token), 'PX', lease_ms)
-local deliveries = redis.call('HINCRBY', turn_key, 'deliveries', 1)
-if deliveries > 1 then redis.call('HINCRBY', turn_key, 'redeliveries', 1) end
+-- A start after a handover (handover.lua) goes on with the delivery that handed it over: only
+-- starts after a crash count toward `poison`.
+local deliveries
+if redis.call('HDEL', turn_key, 'handed_over') == 1 then
+  deliveries = tonumber(redis.call('HGET', turn_key, 'deliveries'))
+else
+  deliveries = redis.call('HINCRBY', turn_key, 'deliveries', 1)
+  if deliveries > 1 then redis.call('HINCRBY', turn_key, 'redeliveries', 1) end
+end
 redis.call('HSET', turn_key, 'state', 'running', 'token', token, 'worker', worker,
   'started_at_ms', now, 'updated_at_ms', now)
 redis.call('ZREM', retries_key, turn_id)

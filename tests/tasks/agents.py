@@ -108,27 +108,26 @@ def _journal_redis() -> Any:
 
 class _ThreeCallProvider:
     """Asks for pay(1), pay(2), pay(3) in one response, then answers. The turn's message is
-    `<tag> kill:<n>`: its calls are counted under journal:<tag>:model, and the tool kills its
-    worker during the first start of call n."""
+    `<tag> kill:<n> [slow:<m>]`: its calls are counted under journal:<tag>:model, the tool
+    kills its worker during the first start of call n, and takes 2 s over call m."""
 
     name = "three-calls"
 
     def complete(self, request: LLMRequest) -> LLMResponse:
-        tag, kill = str(request.messages[0]["content"]).split()
+        tag, kill, *slow = str(request.messages[0]["content"]).split()
         _journal_redis().incr(f"journal:{tag}:model")
         if any(m.get("role") == "tool" for m in request.messages):
             return LLMResponse(content="all paid")
         kill_at = int(kill.removeprefix("kill:"))
-        calls = [
-            ToolCall(id=f"c{n}", name="pay", args={"n": n, "tag": tag, "kill": kill_at})
-            for n in (1, 2, 3)
-        ]
+        slow_at = int(slow[0].removeprefix("slow:")) if slow else 0
+        args = {"tag": tag, "kill": kill_at, "slow": slow_at}
+        calls = [ToolCall(id=f"c{n}", name="pay", args={"n": n, **args}) for n in (1, 2, 3)]
         return LLMResponse(tool_calls=calls)
 
 
 def _pay_tool(effect: str, parallel: bool) -> Any:
     @tool(effect=effect)
-    def pay(n: int, tag: str, kill: int, ctx: ToolContext) -> str:
+    def pay(n: int, tag: str, kill: int, ctx: ToolContext, slow: int = 0) -> str:
         """Pay item n; each start is recorded with the key and attempt it saw."""
         start = {"n": n, "key": ctx.idempotency_key, "attempt": ctx.attempt}
         _journal_redis().rpush(f"journal:{tag}:starts", orjson.dumps(start))
@@ -136,6 +135,8 @@ def _pay_tool(effect: str, parallel: bool) -> Any:
             if parallel:
                 time.sleep(1.0)  # the other calls finish and are journaled meanwhile
             os.kill(os.getpid(), signal.SIGKILL)
+        if n == slow:
+            time.sleep(2.0)
         return f"paid {n}"
 
     return pay

@@ -6,6 +6,7 @@ calls never run again; the interrupted one runs again with its key (idempotent) 
 
 from __future__ import annotations
 
+import signal
 import uuid
 from typing import Any
 
@@ -13,7 +14,7 @@ import orjson
 import pytest
 
 from agent import OUTCOME_UNKNOWN, AgentRunCheckpoint
-from tasks import load_conversation, run_turn, turn_status
+from tasks import iter_events, load_conversation, run_turn, turn_status
 from tasks.context import job_context
 from tasks.testing import wait_until
 
@@ -104,3 +105,31 @@ def test_the_journal_is_gone_once_the_turn_ends(make_jobs: Any) -> None:
     record = job_context().records.get(turn_id)
     assert record is not None
     assert (record.journal, record.frames) == ({}, ())
+
+
+def test_a_deploy_hands_the_turn_over_between_calls_without_running_one_twice(
+    make_jobs: Any,
+) -> None:
+    # Given two workers, the turn's call 2 taking 2 s on the first
+    jobs = make_jobs()
+    first = jobs.worker()
+    tag, conversation_id = uuid.uuid4().hex[:8], f"c-{uuid.uuid4().hex[:8]}"
+    result = run_turn.delay(
+        agent="journal_unsafe", conversation_id=conversation_id, message=f"{tag} kill:0 slow:2"
+    )
+    wait_until(lambda: len(starts(jobs, tag)) == 2, 20, "call 2 to start")
+    second = jobs.worker()
+
+    # When the first worker is told to stop while call 2 runs
+    first.kill(signal.SIGTERM)
+
+    # Then it hands the turn over at call 3's start; the second worker goes on from the
+    # journal: no second model call for the response, calls 1 and 2 not run again
+    assert result.get(timeout=60)["content"] == "all paid"
+    wait_until(lambda: not first.alive(), 20, "the stopped worker to exit")
+    assert second.alive()
+    assert model_calls(jobs, tag) == 2
+    assert [(s["n"], s["attempt"]) for s in starts(jobs, tag)] == [(1, 1), (2, 1), (3, 1)]
+    assert tool_messages(conversation_id) == ["paid 1", "paid 2", "paid 3"]
+    types = [e.type for e in iter_events(result.id, block_s=0)]
+    assert "turn.handed_over" in types

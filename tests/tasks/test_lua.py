@@ -23,6 +23,7 @@ from tasks.keys import Keys
 from tasks.records import (
     Claim,
     ClaimStatus,
+    Due,
     Ended,
     Registered,
     TurnRecord,
@@ -910,6 +911,97 @@ def test_worker_beat_stamps_the_server_time_and_the_prefetched_turns(
     assert entry["received"] == [] and entry["at"] >= after
 
 
+# -- handover (a worker shutting down) -----------------------------------------------------------
+
+
+def events(client: redis.Redis, records: TurnRecords, turn_id: str) -> list[dict[str, Any]]:
+    entries: Any = client.xrange(shard(records).events(turn_id))
+    return [
+        {"type": f[b"type"].decode(), "at": int(f[b"at"]), **orjson.loads(f[b"data"])}
+        for _, f in entries
+    ]
+
+
+def test_handover_releases_the_lease_and_the_next_claim_goes_on_with_the_same_delivery(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    # Given a turn running under worker A's 30 s lease, round 1 persisted, a turn behind it
+    register(records, "t1")
+    register(records, "t2")
+    claim(records, "t1", "tok-a", worker="w1@host")
+    records.renew("t1", NS, "tok-a", LEASE_S, frame=CHECKPOINT_1, iteration=2)
+    k = shard(records)
+    before = records.server_time_ms()
+
+    # When A, shutting down, hands it over
+    woken = records.hand_over("t1", NS, "tok-a", worker="w1@host", reason="shutdown")
+    after = records.server_time_ms()
+
+    # Then the lease is gone at once and the turn is queued again at the head, with its
+    # checkpoint, out of the running index and in the pending one (the pump's safety net)
+    assert woken == Due("t1", NS, "demo", "c-1")
+    assert client.exists(k.lease(NS)) == 0
+    turn = record(records, "t1")
+    assert turn.state is TurnState.QUEUED
+    assert (turn.frames, turn.iteration, turn.token, turn.handovers) == ((CHECKPOINT_1,), 2, "", 1)
+    assert before <= turn.updated_at_ms <= after
+    assert client.lrange(k.queue(NS), 0, -1) == [b"t1", b"t2"]
+    assert score(client, k.running, "t1") is None
+    assert score(client, k.pending, "t1") == turn.updated_at_ms
+    # and the event says so, in the same step, on the server's clock
+    last = events(client, records, "t1")[-1]
+    assert last == {
+        "type": "turn.handed_over",
+        "at": turn.updated_at_ms,
+        "worker": "w1@host",
+        "reason": "shutdown",
+    }
+
+    # When worker B claims it, no lease later
+    taken = claim(records, "t1", "tok-b", worker="w2@host")
+
+    # Then it starts from the checkpoint, and the start is not a redelivery: a deploy does not
+    # push a turn toward poison
+    assert taken.status is ClaimStatus.CLAIMED and taken.record is not None
+    assert taken.record.frames == (CHECKPOINT_1,)
+    assert (taken.record.deliveries, taken.record.redeliveries) == (1, 0)
+    assert (taken.record.worker, taken.record.handovers) == ("w2@host", 1)
+    # but a crash after it counts as one, as always
+    client.delete(k.lease(NS))
+    crashed = claim(records, "t1", "tok-c", worker="w3@host")
+    assert crashed.record is not None
+    assert (crashed.record.deliveries, crashed.record.redeliveries) == (2, 1)
+
+
+def test_handover_under_a_wrong_token_changes_nothing(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    # Given worker B took a turn over from A, whose lease ran out
+    register(records, "t1")
+    claim(records, "t1", "tok-a", lease_ttl_s=SHORT_LEASE_S)
+    k = shard(records)
+    wait_until(lambda: not client.exists(k.lease(NS)), 5, "A's lease to run out")
+    claim(records, "t1", "tok-b", worker="w2@host")
+    before = record(records, "t1")
+
+    # When A, shutting down, tries to hand it over (at a check point, or its grace ran out)
+    woken = records.hand_over("t1", NS, "tok-a", worker="w1@host", reason="grace_expired")
+
+    # Then it is refused: B keeps the turn and its lease, no event is written
+    assert woken is None
+    assert record(records, "t1") == before
+    assert client.get(k.lease(NS)) == b"t1|tok-b"
+    assert "turn.handed_over" not in [e["type"] for e in events(client, records, "t1")]
+
+
+def test_an_ended_turn_cannot_be_handed_over(records: TurnRecords) -> None:
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+    assert succeed(records, "t1", "tok-a").ended
+    assert records.hand_over("t1", NS, "tok-a", worker="w1@host", reason="shutdown") is None
+    assert record(records, "t1").state is TurnState.SUCCEEDED
+
+
 # -- one hash slot per conversation --------------------------------------------------------------
 
 
@@ -993,6 +1085,8 @@ def lifecycle(records: TurnRecords, namespace: str) -> None:
     for index in (k.retries, k.running, k.pending, k.finished):
         records.take_due(k, index, limit=10, bump_ms=1000)
     assert claim(records, "t1", "tok-c", namespace=namespace).status is ClaimStatus.CLAIMED
+    assert records.hand_over("t1", namespace, "tok-c", worker="w1", reason="shutdown")
+    assert claim(records, "t1", "tok-c", namespace=namespace).status is ClaimStatus.CLAIMED
     assert succeed(records, "t1", "tok-x", namespace) == Ended(False)
     assert succeed(records, "t1", "tok-c", namespace) == Ended(True, "t2", "demo")
     assert claim(records, "t1", "tok-d", namespace=namespace).status is ClaimStatus.DONE
@@ -1014,6 +1108,7 @@ SCRIPTS = {
     "dead_letter",
     "take_due",
     "lease_holder",
+    "handover",
 }
 
 

@@ -73,6 +73,7 @@ def test_a_blank_value_counts_as_unset() -> None:
         ("AGENTJOBS_PUMP_INTERVAL_S", "-1", "AGENTJOBS_PUMP_INTERVAL_S must be"),
         ("AGENTJOBS_STALL_AFTER_S", "soon", "AGENTJOBS_STALL_AFTER_S must be"),
         ("AGENTJOBS_RESULT_GRACE_S", "0", "AGENTJOBS_RESULT_GRACE_S must be"),
+        ("AGENTJOBS_SHUTDOWN_GRACE_S", "-5", "AGENTJOBS_SHUTDOWN_GRACE_S must be"),
         ("AGENTJOBS_PROVIDER_TIMEOUT_S", "0", "AGENTJOBS_PROVIDER_TIMEOUT_S must be"),
         (
             "AGENTJOBS_RECORD_TTL_S",
