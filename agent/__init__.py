@@ -19,6 +19,7 @@ from agent.errors import (
     ProviderTimeoutError,
     RunCheckpointError,
     RunInFlightError,
+    RunPausedError,
     ToolAbort,
     can_resume,
     classify_failure_phase,
@@ -29,11 +30,14 @@ from agent.journal import (
     OUTCOME_UNKNOWN,
     IterationJournal,
     JournaledCall,
+    PendingRequest,
+    RequestKind,
     ResponseReport,
     ToolEffect,
 )
 from agent.messages import LLMProvider, LLMRequest, LLMResponse, ToolCall
 from agent.middleware import Deny, InputContext
+from agent.pauses import REJECTED, Decision, RunPause, ask_user
 from agent.providers.anthropic import AnthropicProvider
 from agent.providers.openai import OpenAIChatProvider
 from agent.providers.scripted import ScriptedProvider, ScriptExhaustedError
@@ -53,6 +57,7 @@ from agent.tools import Tool, ToolContext, tool
 
 __all__ = [
     "OUTCOME_UNKNOWN",
+    "REJECTED",
     "Agent",
     "AgentError",
     "AgentInput",
@@ -62,6 +67,7 @@ __all__ = [
     "CheckpointFormatError",
     "Compaction",
     "ConversationMismatchError",
+    "Decision",
     "Deny",
     "InputContext",
     "InvalidRunInputError",
@@ -75,6 +81,7 @@ __all__ = [
     "ModelCallReport",
     "NoConversationError",
     "OpenAIChatProvider",
+    "PendingRequest",
     "ProgressKind",
     "ProgressReport",
     "ProviderConnectionError",
@@ -82,9 +89,12 @@ __all__ = [
     "ProviderHTTPError",
     "ProviderResponseError",
     "ProviderTimeoutError",
+    "RequestKind",
     "ResponseReport",
     "RunCheckpointError",
     "RunInFlightError",
+    "RunPause",
+    "RunPausedError",
     "RunTime",
     "ScriptExhaustedError",
     "ScriptedProvider",
@@ -97,6 +107,7 @@ __all__ = [
     "ToolCallReport",
     "ToolContext",
     "ToolEffect",
+    "ask_user",
     "can_resume",
     "classify_failure_phase",
     "encode_namespace",

@@ -4,6 +4,7 @@
     ├── CheckpointFormatError       also a TypeError; .field names what is wrong
     ├── InvalidRunInputError        also a ValueError; .field names what is wrong
     ├── RunInFlightError            this Agent instance already runs a turn
+    ├── RunPausedError              this Agent instance's last run waits for a person
     ├── NoConversationError         follow_up with nothing finished to follow (.reason)
     ├── ConversationMismatchError   a named agent continuing another named agent's conversation
     ├── MessageDeniedError          the input middleware chain denied the message
@@ -60,6 +61,20 @@ class RunInFlightError(AgentError):
         super().__init__(
             f"[{door}] agent '{agent_id}' already has run {active_run_id} in flight; one Agent "
             "instance runs one turn at a time: wait for it, or use another instance"
+        )
+
+
+class RunPausedError(AgentError):
+    """The instance's last run is paused for a person's decision: answer it first."""
+
+    code = "ERR_RUN_PAUSED"
+
+    def __init__(self, door: str, pending: int) -> None:
+        self.door = door
+        self.pending = pending
+        super().__init__(
+            f"[{door}] this agent's last run is paused, waiting for {pending} decision(s) of a "
+            "person: answer it with agent.resume(decisions) or drop it with agent.abandon_pause()"
         )
 
 

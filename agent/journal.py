@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from agent.errors import InvalidRunInputError
 from agent.messages import Message
@@ -78,14 +79,34 @@ class JournaledCall:
         return self.content is not None
 
 
+class RequestKind(StrEnum):
+    APPROVAL = "approval"  # a tool call waits for a person's yes
+    QUESTION = "question"  # the model asked the person (agent.ask_user)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRequest:
+    """A call of the iteration in flight that waits for a person (agent/pauses.py)."""
+
+    request_id: str
+    kind: RequestKind
+    tool: str
+    tool_call_id: str
+    index: int  # the call's position in its response's toolCalls
+    args: Mapping[str, Any]
+    question: str | None = None  # for a question: what the model asked
+
+
 @dataclass(frozen=True, slots=True)
 class IterationJournal:
     """The iteration in flight: the model response its tools answer (the assistant message as
-    history keeps it) and what each of its calls did, by position in `toolCalls`."""
+    history keeps it), what each of its calls did, and the calls that wait for a person, each
+    by position in `toolCalls`."""
 
     history_length: int  # the history's length when the response arrived
     message: Message
     calls: Mapping[int, JournaledCall] = field(default_factory=dict)
+    requests: Mapping[int, PendingRequest] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         calls = self.message.get("toolCalls") if isinstance(self.message, Mapping) else None

@@ -70,6 +70,7 @@ from agent.errors import (
     NoConversationError,
     RunCheckpointError,
     RunInFlightError,
+    RunPausedError,
     ToolAbort,
     classify_failure_phase,
     resume_advice,
@@ -79,6 +80,7 @@ from agent.identity import normalize_identity
 from agent.journal import (
     IterationJournal,
     JournaledCall,
+    PendingRequest,
     ResponseReport,
     ToolEffect,
     new_idempotency_key,
@@ -98,6 +100,7 @@ from agent.messages import (
     user_message,
 )
 from agent.middleware import InputMiddleware, run_input_chain
+from agent.pauses import Decision, RunPause, person_request, rejected_text
 from agent.repeated_calls import RepeatedCalls
 from agent.skills import SkillGraph
 from agent.timeouts import CallTimedOut, call_with_timeout, check_timeout_s
@@ -114,7 +117,7 @@ WRAP_UP_INSTRUCTION = (
     "person should know."
 )
 
-StopReason = Literal["answer", "max_iterations"]
+StopReason = Literal["answer", "max_iterations", "paused"]
 
 
 class ProgressKind(StrEnum):
@@ -203,9 +206,12 @@ class AgentResult:
     checkpoint: AgentRunCheckpoint
     # "max_iterations": the budget ran out while the model still asked for tools; `content` is
     # then the wrap-up call's answer (or, for an agent without tools, that last reply's text).
+    # "paused": a call waits for a person (agent/pauses.py); `content` is "", `pause` holds
+    # what agent.resume needs, and `checkpoint` is the last completed iteration's.
     stop_reason: StopReason = "answer"
     usage: Mapping[str, int] = field(default_factory=dict)
     middleware_decisions: tuple[Mapping[str, Any], ...] = ()
+    pause: RunPause | None = None
 
 
 def normalize_input(value: object) -> AgentInput:
@@ -279,6 +285,8 @@ class _Run:
     # The iteration in flight as the host kept it; used (and dropped) at the first model call
     # whose history it fits.
     journal: IterationJournal | None = None
+    # A person's decisions on the requests of a paused run, by request id.
+    person_decisions: Mapping[str, Decision] = field(default_factory=dict)
 
     def hook(
         self,
@@ -354,6 +362,7 @@ class Agent:
         self._active_run_id: str | None = None
         self._ever_ran = False
         self._last: _Run | None = None
+        self._paused: RunPause | None = None
 
     # -- doors ------------------------------------------------------------------------------
 
@@ -445,10 +454,85 @@ class Agent:
     ) -> AgentResult:
         """Re-run the failed turn of `checkpoint`: same history, same turn, nothing appended.
         With `journal`, the iteration in flight continues from it (agent/journal.py)."""
-        run_id = self._claim("resume_on_error")
+        hooks = (on_progress, on_report, on_tool_call, on_model_call, on_response)
+        return self._resume("resume_on_error", checkpoint, identity, time, hooks, journal, {})
+
+    def resume(
+        self,
+        decisions: Mapping[str, Decision],
+        *,
+        pause: RunPause | None = None,
+        identity: Mapping[str, Any] | None = None,
+        time: Any = None,
+        on_progress: ProgressHook | None = None,
+        on_report: ReportHook | None = None,
+        on_tool_call: ToolCallHook | None = None,
+        on_model_call: ModelCallHook | None = None,
+        on_response: ResponseHook | None = None,
+    ) -> AgentResult:
+        """Answer a paused run (agent/pauses.py): `decisions` by request id, for this
+        instance's pause or, from any process, for `pause`. Requests left undecided pause the
+        run again."""
+        with self._lock:
+            held = self._paused
+        pause = pause if pause is not None else held
+        if pause is None:
+            raise InvalidRunInputError("pause", "there is no paused run to resume")
+        for request_id, decision in decisions.items():
+            request = pause.request(request_id)
+            if request is None:
+                raise InvalidRunInputError(
+                    f"decisions[{request_id!r}]", "names no pending request of this pause"
+                )
+            if not isinstance(decision, Decision) or not decision.fits(request):
+                raise InvalidRunInputError(
+                    f"decisions[{request_id!r}]",
+                    f"a {request.kind} takes Decision.approve or .reject"
+                    if request.kind == "approval"
+                    else "a question takes Decision.answer or .reject",
+                )
+        if held is pause:
+            with self._lock:
+                self._paused = None
+        hooks = (on_progress, on_report, on_tool_call, on_model_call, on_response)
+        try:
+            return self._resume(
+                "resume", pause.checkpoint, identity, time, hooks, pause.journal, decisions
+            )
+        except BaseException:
+            if held is pause:
+                with self._lock:
+                    self._paused = self._paused or held
+            raise
+
+    def abandon_pause(self) -> bool:
+        """Drop this instance's paused run (nothing of its paused iteration is kept); True when
+        there was one."""
+        with self._lock:
+            held, self._paused = self._paused, None
+        return held is not None
+
+    @property
+    def paused(self) -> RunPause | None:
+        """This instance's paused run, if its last run paused."""
+        with self._lock:
+            return self._paused
+
+    def _resume(
+        self,
+        door: str,
+        checkpoint: AgentRunCheckpoint | Mapping[str, Any] | bytes | str,
+        identity: Mapping[str, Any] | None,
+        time: Any,
+        hooks: tuple[Any, Any, Any, Any, Any],
+        journal: IterationJournal | None,
+        decisions: Mapping[str, Decision],
+    ) -> AgentResult:
+        on_progress, on_report, on_tool_call, on_model_call, on_response = hooks
+        run_id = self._claim(door)
         try:
             stored = checkpoint_from_any(checkpoint)
-            self._check_agent_id("resume_on_error", stored)
+            self._check_agent_id(door, stored)
             caller = normalize_identity(identity, "options.identity") or stored.identity
             run_time = self._read_time(time)
             history = list(stored.history)
@@ -465,6 +549,7 @@ class Agent:
                 state.pending_instruction = pending["instruction"] if pending else None
             state.clock = self._clock_for(state, stored, run_time, resuming=True)
             state.hook(on_tool_call, on_model_call, on_response, journal)
+            state.person_decisions = decisions
             reporter = _reporter(on_progress, on_report)
             return self._execute(state, append_user=False, reporter=reporter)
         finally:
@@ -483,6 +568,8 @@ class Agent:
         with self._lock:
             if self._active_run_id is not None:
                 raise RunInFlightError(door, self.id, self._active_run_id)
+            if self._paused is not None and door != "resume":
+                raise RunPausedError(door, len(self._paused.pending))
             run_id = mint_run_id()
             self._active_run_id = run_id
             return run_id
@@ -609,6 +696,8 @@ class Agent:
         try:
             self._report(state, ProgressKind.SEEDED, reporter)
             content, stop = self._loop(state, reporter)
+        except _Paused as paused:
+            return self._paused_result(state, paused.pause)
         except Exception as exc:
             self._commit(state)
             if isinstance(exc, MessageDeniedError):
@@ -627,6 +716,22 @@ class Agent:
             middleware_decisions=state.decisions,
         )
 
+    def _paused_result(self, state: _Run, pause: RunPause) -> AgentResult:
+        self._commit(state)
+        with self._lock:
+            self._paused = pause
+        return AgentResult(
+            content="",
+            run_id=state.run_id,
+            turn_number=state.turn,
+            iterations=state.iteration,
+            checkpoint=pause.checkpoint,
+            stop_reason="paused",
+            usage=dict(state.usage),
+            middleware_decisions=state.decisions,
+            pause=pause,
+        )
+
     def _loop(self, state: _Run, reporter: ReportHook | None) -> tuple[str, StopReason]:
         wrapping_up = False
         while True:
@@ -636,7 +741,7 @@ class Agent:
             if journal is not None:
                 # The iteration in flight when the run was interrupted: its response was kept,
                 # so the model is not asked again; its tools continue from the journal.
-                self._run_tools(state, js_json(journal.message), journal.calls)
+                self._run_tools(state, js_json(journal.message), journal)
             else:
                 response = self._call_model(state, offer_tools=not wrapping_up)
                 if wrapping_up:
@@ -652,7 +757,7 @@ class Agent:
                     if state.on_response is not None:
                         report = ResponseReport(state.iteration, len(state.history), message)
                         state.on_response(report)
-                    self._run_tools(state, message, {})
+                    self._run_tools(state, message, None)
                 elif self._tool_specs:
                     self._ask_for_wrap_up(state)
                     wrapping_up = True
@@ -724,21 +829,38 @@ class Agent:
         message carrying them is not kept (its text would be a fragment); the ask is kept."""
         state.history = [*state.history, user_message(WRAP_UP_INSTRUCTION)]
 
-    def _run_tools(
-        self, state: _Run, message: Message, journaled: Mapping[int, JournaledCall]
-    ) -> None:
+    def _run_tools(self, state: _Run, message: Message, journal: IterationJournal | None) -> None:
         calls: list[dict[str, Any]] = message["toolCalls"]
-        if self.parallel_tools and len(calls) > 1:
-            state.bracket = ("tool", calls[0]["name"] or "tool")
-            outcomes = self._calls_in_parallel(state, calls, journaled)
+        journaled = dict(journal.calls) if journal is not None else {}
+        requests = self._person_requests(state, calls, journal)
+        outcomes: dict[int, tuple[str, bool]] = {}
+        runnable: list[tuple[int, dict[str, Any]]] = []
+        for index, call in enumerate(calls):
+            request = requests.get(index)
+            decision = state.person_decisions.get(request.request_id) if request else None
+            if request is None or (decision is not None and decision.kind == "approve"):
+                if decision is not None and decision.edited_args is not None:
+                    call = {**call, "args": js_json(dict(decision.edited_args))}
+                runnable.append((index, call))
+            elif decision is not None:
+                text = (
+                    rejected_text(decision.message) if decision.kind == "reject" else decision.text
+                )
+                outcomes[index] = (unicode_text(text), decision.kind == "answer")
+        if self.parallel_tools and len(runnable) > 1:
+            state.bracket = ("tool", runnable[0][1]["name"] or "tool")
+            outcomes.update(self._calls_in_parallel(state, runnable, journaled))
         else:
-            outcomes = []
-            for index, call in enumerate(calls):
+            for index, call in runnable:
                 state.bracket = ("tool", call["name"] or "tool")
-                outcomes.append(self._call_tool(state, index, call, journaled.get(index)))
+                outcomes[index] = self._call_tool(state, index, call, journaled.get(index))
         state.bracket = None
+        waiting = [r for r in requests.values() if r.request_id not in state.person_decisions]
+        if waiting:
+            raise _Paused(self._pause(state, message, outcomes, journaled, requests, waiting))
         history = [*state.history, message]
-        for call, (content, landed) in zip(calls, outcomes, strict=True):
+        ordered = [outcomes[index] for index in range(len(calls))]
+        for call, (content, landed) in zip(calls, ordered, strict=True):
             name, args = call["name"], call["args"]
             if landed:
                 # In the model's order whatever order the calls ran in, so the note is the
@@ -750,15 +872,15 @@ class Agent:
     def _calls_in_parallel(
         self,
         state: _Run,
-        calls: Sequence[Mapping[str, Any]],
+        calls: Sequence[tuple[int, Mapping[str, Any]]],
         journaled: Mapping[int, JournaledCall],
-    ) -> list[tuple[str, bool]]:
+    ) -> dict[int, tuple[str, bool]]:
         """Every call at once, each in its own thread (in a copy of the caller's context). All
         of them end before the first failure, in the model's order, is raised: a call that
         completed has reported its outcome, so a host keeps it."""
         with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="agent-tools") as pool:
-            futures = [
-                pool.submit(
+            futures = {
+                index: pool.submit(
                     contextvars.copy_context().run,
                     self._call_tool,
                     state,
@@ -766,10 +888,57 @@ class Agent:
                     call,
                     journaled.get(index),
                 )
-                for index, call in enumerate(calls)
-            ]
-            wait(futures)
-        return [future.result() for future in futures]
+                for index, call in calls
+            }
+            wait(futures.values())
+        return {index: future.result() for index, future in futures.items()}
+
+    def _person_requests(
+        self, state: _Run, calls: Sequence[Mapping[str, Any]], journal: IterationJournal | None
+    ) -> dict[int, PendingRequest]:
+        """The calls that wait for a person: those the journal recorded as such, and any other
+        not yet completed whose tool asks for one (an approval check runs once per call)."""
+        known = dict(journal.requests) if journal is not None else {}
+        journaled = journal.calls if journal is not None else {}
+        requests: dict[int, PendingRequest] = {}
+        for index, call in enumerate(calls):
+            if index in known:
+                requests[index] = known[index]
+                continue
+            done = journaled.get(index)
+            found = self._tools_by_name.get(call["name"])
+            if found is None or (done is not None and (done.completed or done.attempts > 0)):
+                continue
+            request = person_request(found, index, call, self._tool_context(state, call, "", 1))
+            if request is not None:
+                requests[index] = request
+        return requests
+
+    def _pause(
+        self,
+        state: _Run,
+        message: Message,
+        outcomes: Mapping[int, tuple[str, bool]],
+        journaled: Mapping[int, JournaledCall],
+        requests: Mapping[int, PendingRequest],
+        waiting: Sequence[PendingRequest],
+    ) -> RunPause:
+        """The run as a person finds it: the other calls have run and are in the journal."""
+        calls = dict(journaled)
+        for index, (content, landed) in outcomes.items():
+            old = calls.get(index)
+            call_id = message["toolCalls"][index]["id"]
+            calls[index] = JournaledCall(
+                call_id,
+                old.idempotency_key if old else "",
+                old.attempts if old else 1,
+                content=content,
+                landed=landed,
+            )
+        undecided = {r.index: r for r in waiting}
+        journal = IterationJournal(len(state.history), message, calls, undecided)
+        checkpoint = self._progress_checkpoint(state, failure=None)
+        return RunPause(checkpoint, journal, tuple(waiting))
 
     def _call_tool(
         self,
@@ -794,15 +963,7 @@ class Agent:
         started = journaled is not None and journaled.attempts > 0
         key = journaled.idempotency_key if started and journaled else new_idempotency_key()
         attempt = journaled.attempts + 1 if started and journaled else 1
-        ctx = ToolContext(
-            run_id=state.run_id,
-            tool_call_id=call_id,
-            turn_number=state.turn,
-            identity=state.identity,
-            clock=state.clock,
-            idempotency_key=key,
-            attempt=attempt,
-        )
+        ctx = self._tool_context(state, call, key, attempt)
         report = partial(
             ToolCallReport,
             tool=name,
@@ -833,6 +994,19 @@ class Agent:
         if hook is not None:
             hook(report(ToolCallPhase.FINISHED, ok=ok, content=text, landed=landed))
         return text, landed
+
+    def _tool_context(
+        self, state: _Run, call: Mapping[str, Any], key: str, attempt: int
+    ) -> ToolContext:
+        return ToolContext(
+            run_id=state.run_id,
+            tool_call_id=call["id"],
+            turn_number=state.turn,
+            identity=state.identity,
+            clock=state.clock,
+            idempotency_key=key,
+            attempt=attempt,
+        )
 
     def _needs_revision(self, state: _Run, answer: str) -> bool:
         if self.evidence_check is None or state.revision_spent:
@@ -952,6 +1126,14 @@ class Agent:
             f"Underlying error: {exc}"
         )
         return RunCheckpointError(message, checkpoint=checkpoint, cause=exc)
+
+
+class _Paused(Exception):
+    """Control flow, not a failure: the iteration waits for a person."""
+
+    def __init__(self, pause: RunPause) -> None:
+        super().__init__("paused")
+        self.pause = pause
 
 
 def _reporter(on_progress: ProgressHook | None, on_report: ReportHook | None) -> ReportHook | None:

@@ -50,6 +50,11 @@ class Tool:
     # What running it again does (agent/journal.py): whether a call interrupted by a crash may
     # run again with the same idempotency key.
     effect: ToolEffect | str = field(default=ToolEffect.IDEMPOTENT, kw_only=True)
+    # Whether a call needs a person's yes first (agent/pauses.py): True, or a callable
+    # (args, ctx) -> bool, which asks when it raises.
+    approval: bool | Callable[[Mapping[str, Any], ToolContext], bool] = field(
+        default=False, kw_only=True
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -59,6 +64,7 @@ class Tool:
         timeout_s = check_timeout_s(self.timeout_s, f"Tool {self.name!r}: timeout_s")
         object.__setattr__(self, "timeout_s", timeout_s)
         object.__setattr__(self, "effect", tool_effect(self.effect, f"Tool {self.name!r}: effect"))
+        check_approval(self.approval, f"Tool {self.name!r}: approval")
         if not self.takes_context:
             object.__setattr__(self, "takes_context", _positional_arity(self.execute) >= 2)
 
@@ -74,6 +80,11 @@ class Tool:
         if self.takes_context:
             return self.execute(dict(args), ctx)
         return self.execute(dict(args))
+
+
+def check_approval(value: object, where: str) -> None:
+    if not isinstance(value, bool) and not callable(value):
+        raise TypeError(f"{where} must be True, False or a callable (args, ctx) -> bool")
 
 
 def _positional_arity(fn: Callable[..., Any]) -> int:
@@ -155,6 +166,7 @@ def tool_from_function(
     description: str | None = None,
     timeout_s: float | None = None,
     effect: ToolEffect | str = ToolEffect.IDEMPOTENT,
+    approval: bool | Callable[[Mapping[str, Any], ToolContext], bool] = False,
 ) -> Tool:
     hints = typing.get_type_hints(fn)
     properties: dict[str, Any] = {}
@@ -200,6 +212,7 @@ def tool_from_function(
         takes_context=True,
         timeout_s=timeout_s,
         effect=effect,
+        approval=approval,
     )
 
 
@@ -212,6 +225,7 @@ def tool(
     description: str | None = None,
     timeout_s: float | None = None,
     effect: ToolEffect | str = ToolEffect.IDEMPOTENT,
+    approval: bool | Callable[[Mapping[str, Any], ToolContext], bool] = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -223,9 +237,10 @@ def tool(
     description: str | None = None,
     timeout_s: float | None = None,
     effect: ToolEffect | str = ToolEffect.IDEMPOTENT,
+    approval: bool | Callable[[Mapping[str, Any], ToolContext], bool] = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a Tool of a function: `@tool` or `@tool(name=..., description=..., timeout_s=...,
-    effect=...)`.
+    effect=..., approval=...)`.
 
     The name is the function's, the description its docstring, the input schema its type
     hints; a parameter annotated `ToolContext` receives the context and is not in the schema.
@@ -235,10 +250,16 @@ def tool(
     # Checked here too, so the error names the decorator's parameter.
     check_timeout_s(timeout_s, "@tool(timeout_s=...)")
     tool_effect(effect, "@tool(effect=...)")
+    check_approval(approval, "@tool(approval=...)")
 
     def wrap(inner: Callable[..., Any]) -> Tool:
         return tool_from_function(
-            inner, name=name, description=description, timeout_s=timeout_s, effect=effect
+            inner,
+            name=name,
+            description=description,
+            timeout_s=timeout_s,
+            effect=effect,
+            approval=approval,
         )
 
     return wrap

@@ -25,6 +25,7 @@ PINNED_ALL = [
     "CheckpointFormatError",
     "Compaction",
     "ConversationMismatchError",
+    "Decision",
     "Deny",
     "InputContext",
     "InvalidRunInputError",
@@ -39,6 +40,7 @@ PINNED_ALL = [
     "NoConversationError",
     "OUTCOME_UNKNOWN",
     "OpenAIChatProvider",
+    "PendingRequest",
     "ProgressKind",
     "ProgressReport",
     "ProviderConnectionError",
@@ -46,9 +48,13 @@ PINNED_ALL = [
     "ProviderHTTPError",
     "ProviderResponseError",
     "ProviderTimeoutError",
+    "REJECTED",
+    "RequestKind",
     "ResponseReport",
     "RunCheckpointError",
     "RunInFlightError",
+    "RunPause",
+    "RunPausedError",
     "RunTime",
     "ScriptExhaustedError",
     "ScriptedProvider",
@@ -61,6 +67,7 @@ PINNED_ALL = [
     "ToolCallReport",
     "ToolContext",
     "ToolEffect",
+    "ask_user",
     "can_resume",
     "classify_failure_phase",
     "encode_namespace",
@@ -94,7 +101,7 @@ def test_every_name_in_all_exists() -> None:
 def test_the_api_import_block_is_read_whole() -> None:
     names = api_import_block()
     assert names[0] == "Agent" and names[-1] == "fnv1a"
-    assert len(names) == 26
+    assert len(names) == 33
 
 
 @pytest.mark.parametrize("name", api_import_block())
