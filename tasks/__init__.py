@@ -10,8 +10,15 @@ from agent import AgentRunCheckpoint
 from tasks.app import app
 from tasks.context import job_context
 from tasks.control import cancel_conversation, cancel_turn
-from tasks.errors import InvalidTurnRequest, Reason, TurnCancelled, TurnDeadLettered
+from tasks.errors import (
+    ActionConflict,
+    InvalidTurnRequest,
+    Reason,
+    TurnCancelled,
+    TurnDeadLettered,
+)
 from tasks.events import TurnEvent, iter_events
+from tasks.pauses import PendingAction, answer_question, approve_action, reject_action
 from tasks.records import TurnState
 from tasks.status import TurnStatus, turn_status
 from tasks.store import namespace_for
@@ -33,18 +40,23 @@ def load_conversation(
 
 
 __all__ = [
+    "ActionConflict",
     "InvalidTurnRequest",
+    "PendingAction",
     "Reason",
     "TurnCancelled",
     "TurnDeadLettered",
     "TurnEvent",
     "TurnState",
     "TurnStatus",
+    "answer_question",
     "app",
+    "approve_action",
     "cancel_conversation",
     "cancel_turn",
     "iter_events",
     "load_conversation",
+    "reject_action",
     "resume_turn",
     "run_turn",
     "turn_status",

@@ -79,7 +79,7 @@ def end_overdue_turns(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
             error=error,
             attempts=record.attempt,
             checkpoint=b"",
-            base_run_id=_stored_run_id(ctx, record.namespace),
+            base_run_id=stored_run_id(ctx, record.namespace),
         )
         if not ended.ended:
             continue
@@ -92,7 +92,7 @@ def end_overdue_turns(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
     return ended_count
 
 
-def _stored_run_id(ctx: JobContext, namespace: str) -> str:
+def stored_run_id(ctx: JobContext, namespace: str) -> str:
     try:
         stored = ctx.store.load(namespace) if namespace else None
     except Exception:

@@ -7,6 +7,7 @@
     ├── PoisonTurn                a turn whose worker died every time it ran
     ├── AgentUnavailable          a registered agent whose factory failed
     ├── DeadlineExceeded          a turn still unfinished at its deadline
+    ├── PauseExpired              a paused turn nobody decided on within the pause TTL
     └── LeaseLost                 another worker took the conversation over, or the turn was
         │                         cancelled (this delivery stops writing)
         └── HandedOver            this worker is shutting down: the run stops at a check point
@@ -14,6 +15,8 @@
     TurnDeadLettered              what result.get() raises for a turn that ended dead-lettered
     TurnCancelled                 what result.get() raises for a cancelled turn
     InvalidTurnRequest (ValueError)   run_turn.delay(...) refused before anything is queued
+    ActionConflict (ValueError)   a decision that contradicts one recorded, does not fit its
+                                  request, or names no request pending on that turn
 
 TurnDeadLettered and TurnCancelled are rebuilt by Celery's result backend from their
 constructor arguments, so their constructors take exactly those, positionally.
@@ -36,6 +39,7 @@ class Reason(StrEnum):
     MESSAGE_DENIED = "message_denied"
     AGENT_UNAVAILABLE = "agent_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    PAUSE_EXPIRED = "pause_expired"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -108,6 +112,29 @@ class DeadlineExceeded(JobError):
             f"turn {turn_id} was still {state} at its deadline (run_turn's deadline_s, default "
             "AGENTJOBS_TURN_DEADLINE_S); its conversation moved on"
         )
+
+
+class PauseExpired(JobError):
+    code = "ERR_PAUSE_EXPIRED"
+    reason = Reason.PAUSE_EXPIRED
+
+    def __init__(self, turn_id: str, pending: int) -> None:
+        super().__init__(
+            f"turn {turn_id} waited for {pending} decision(s) of a person past its pause TTL "
+            "(AGENTJOBS_PAUSE_TTL_S); its conversation moved on"
+        )
+
+
+class ActionConflict(JobError, ValueError):
+    """A decision that cannot be recorded: `turn_id`, `request_id` and `problem` say why."""
+
+    code = "ERR_ACTION_CONFLICT"
+
+    def __init__(self, turn_id: str, request_id: str, problem: str) -> None:
+        self.turn_id = turn_id
+        self.request_id = request_id
+        self.problem = problem
+        super().__init__(f"turn {turn_id}, request {request_id}: {problem}")
 
 
 class LeaseLost(JobError):

@@ -7,6 +7,7 @@ the lease token. The next delivery of the turn hands it back to the runtime
     journal:response   {historyLength, iteration, message}: the assistant message with toolCalls
     journal:calls      how many calls the response has
     journal:<index>    {toolCallId, idempotencyKey, attempt, effect, content?, ok?, landed?}
+    journal:requests   the calls that wait for a person, when the turn paused (tasks/pauses.py)
 
 Persisting the iteration's progress drops its journal in the same step (tasks/lua/progress.lua);
 a retry keeps it, since the next attempt continues the same iteration.
@@ -20,9 +21,11 @@ from typing import Any
 import orjson
 
 from agent import IterationJournal, JournaledCall, ResponseReport, ToolCallPhase, ToolCallReport
+from agent.pauses import request_from_dict
 
 RESPONSE = "journal:response"
 CALLS = "journal:calls"
+REQUESTS = "journal:requests"  # a pause's requests (tasks/pauses.py)
 
 
 def call_field(index: int) -> str:
@@ -75,4 +78,11 @@ def read_journal(fields: Mapping[str, bytes]) -> IterationJournal | None:
         for name, value in fields.items()
         if name.removeprefix("journal:").isdigit()
     }
-    return IterationJournal(int(response["historyLength"]), response["message"], calls)
+    raw_requests = fields.get(REQUESTS)
+    requests = [request_from_dict(r) for r in orjson.loads(raw_requests)] if raw_requests else []
+    return IterationJournal(
+        int(response["historyLength"]),
+        response["message"],
+        calls,
+        {request.index: request for request in requests},
+    )

@@ -81,6 +81,12 @@ class ShardKeys:
         return f"{self.tag}:deadlines"
 
     @property
+    def pauses(self) -> str:
+        """Sorted set turn_id -> pause expiry (server epoch ms): paused turns, waiting for a
+        person; the pump dead-letters one past its expiry as pause_expired."""
+        return f"{self.tag}:pauses"
+
+    @property
     def finished(self) -> str:
         """Sorted set turn_id -> end time (server epoch ms): ended turns whose Celery result
         the pump has not yet confirmed (it writes the result again if the worker could not)."""

@@ -8,6 +8,7 @@ Each tick, shard by shard, it wakes (publishes resume_turn for):
 - queued turns at the head of their conversation that nobody started for stall_after_s (their
   message was never published, or went down with a broker);
 and, once per tick, the prefetched turns of workers whose heartbeat stopped (tasks/worker.py).
+It dead-letters turns past their deadline and paused turns past their pause TTL.
 It also writes the Celery result of ended turns whose worker could not.
 Several pumps may run: each due entry is taken atomically and pushed back in time before it is
 published, so it is woken once per interval at most. Every time is the Redis server's.
@@ -31,6 +32,7 @@ from tasks.app import app
 from tasks.context import JobContext, job_context
 from tasks.control import end_overdue_turns
 from tasks.keys import ShardKeys
+from tasks.pauses import end_expired_pauses
 from tasks.records import TurnState
 from tasks.redact import RedactingFilter
 from tasks.results import has_final_result, write_final_result
@@ -48,6 +50,7 @@ class Tick:
     orphaned: int = 0
     results: int = 0
     overdue: int = 0
+    expired_pauses: int = 0
 
     def __add__(self, other: Tick) -> Tick:
         return Tick(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
@@ -184,6 +187,7 @@ def pump_once(ctx: JobContext, backlog: BrokerBacklog | None = None) -> Tick:
     tick = Tick(orphaned=wake_orphans(ctx))
     for shard in ctx.keys.all_shards():
         tick += Tick(overdue=end_overdue_turns(ctx, shard, limit=BATCH))
+        tick += Tick(expired_pauses=end_expired_pauses(ctx, shard, limit=BATCH))
         tick += pump_shard(ctx, shard, backlog)
         tick += Tick(results=confirm_results(ctx, shard))
     return tick

@@ -73,6 +73,7 @@ class ClaimStatus(StrEnum):
     CLAIMED = "claimed"
     MISSING = "missing"  # no record (never registered, or expired)
     DONE = "done"  # the turn already ended
+    PAUSED = "paused"  # waiting for a person's decision
     NOT_DUE = "not_due"  # waiting out its backoff
     NOT_HEAD = "not_head"  # an earlier turn of the conversation is unfinished
     BUSY = "busy"  # another delivery holds the conversation lease
@@ -136,6 +137,11 @@ class TurnRecord:
     deadline_at_ms: int = 0
     cancel_reason: str = ""
     handovers: int = 0  # times a worker that was shutting down handed it to another
+    paused_at_ms: int = 0  # while paused
+    pause_expires_at_ms: int = 0
+    # A person's decisions by request id (the body tasks/pauses.py wrote) and who made them.
+    decisions: dict[str, bytes] = field(default_factory=dict)
+    deciders: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
@@ -178,6 +184,18 @@ class TurnRecord:
             deadline_at_ms=_int(fields, "deadline_at_ms"),
             cancel_reason=fields.get("cancel_reason", ""),
             handovers=_int(fields, "handovers"),
+            paused_at_ms=_int(fields, "paused_at_ms"),
+            pause_expires_at_ms=_int(fields, "pause_expires_at_ms"),
+            decisions={
+                name.removeprefix("decision:"): _bytes(raw, name)
+                for name in (_text(k) for k in raw)
+                if name.startswith("decision:")
+            },
+            deciders={
+                name.removeprefix("decided_by:"): value
+                for name, value in fields.items()
+                if name.startswith("decided_by:")
+            },
         )
 
     def as_dict(self, progress: AgentRunCheckpoint | None = None) -> dict[str, Any]:
@@ -217,7 +235,7 @@ class TurnRecord:
 def _is_large(name: bytes | str) -> bool:
     """Fields kept as bytes, not decoded with the small ones."""
     text = _text(name)
-    return text in ("checkpoint", "base") or text.startswith(("frame:", "journal:"))
+    return text in ("checkpoint", "base") or text.startswith(("frame:", "journal:", "decision:"))
 
 
 @dataclass(frozen=True)
@@ -381,6 +399,47 @@ class TurnRecords:
             return None
         return Due(turn_id, namespace, _text(reply[1]), _text(reply[2]))
 
+    def pause(
+        self,
+        turn_id: str,
+        namespace: str,
+        token: str,
+        *,
+        ttl_s: float,
+        frame: bytes,
+        requests: bytes,
+        kinds: list[tuple[str, str]],
+        journal: dict[str, bytes],
+    ) -> int:
+        """Pause a running turn for a person (tasks/lua/pause.lua): its progress `frame`, its
+        `requests` (JSON) with each (request id, kind), and journal fields not yet written.
+        Returns the pause's expiry (server epoch ms), or 0 when the lease was not this turn's."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.events(turn_id)]
+        keys += [k.deadlines, k.pauses]
+        args: list[Any] = [turn_id, token, int(ttl_s * 1000), frame, requests, len(kinds)]
+        args += [item for pair in kinds for item in pair]
+        args += [item for pair in journal.items() for item in pair]
+        return int(self._run("pause", keys, args))
+
+    def decide(
+        self,
+        turn_id: str,
+        namespace: str,
+        request_id: str,
+        *,
+        decision: str,
+        body: bytes,
+        actor: str,
+        event: bytes,
+    ) -> list[str]:
+        """Record a decision on a paused turn's request (tasks/lua/decide.lua); the script's
+        reply as text ('recorded', 'resumed' with agent and conversation id, or a refusal)."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.events(turn_id), k.deadlines, k.pauses, k.pending]
+        reply = self._run("decide", keys, [turn_id, request_id, decision, body, actor, event])
+        return [_text(item) for item in reply]
+
     def write_journal(
         self,
         turn_id: str,
@@ -420,6 +479,7 @@ class TurnRecords:
             k.events(turn_id),
             k.deadlines,
             k.conversation(namespace),
+            k.pauses,
         ]
 
     def succeed(

@@ -59,6 +59,9 @@ class Settings:
     # A turn must end within this many seconds of its submission (run_turn's deadline_s
     # overrides it), retries included; past it the pump dead-letters it as deadline_exceeded.
     turn_deadline_s: float = 3600.0
+    # A turn paused for a person's decision waits this long at most, then it is dead-lettered
+    # as pause_expired. Time paused does not count toward its deadline.
+    pause_ttl_s: float = 7 * 24 * 3600.0
     # How long after a turn ends the pump checks that its Celery result was stored.
     result_grace_s: float = 5.0
     # A worker told to stop (SIGTERM, a deploy) hands its turns over at their next check point
@@ -109,6 +112,7 @@ def load_settings(
         pump_interval_s=env.seconds("AGENTJOBS_PUMP_INTERVAL_S", Settings.pump_interval_s),
         stall_after_s=env.seconds("AGENTJOBS_STALL_AFTER_S", Settings.stall_after_s),
         turn_deadline_s=env.seconds("AGENTJOBS_TURN_DEADLINE_S", Settings.turn_deadline_s),
+        pause_ttl_s=env.seconds("AGENTJOBS_PAUSE_TTL_S", Settings.pause_ttl_s),
         result_grace_s=env.seconds("AGENTJOBS_RESULT_GRACE_S", Settings.result_grace_s),
         shutdown_grace_s=env.seconds("AGENTJOBS_SHUTDOWN_GRACE_S", Settings.shutdown_grace_s),
         record_ttl_s=env.whole_seconds("AGENTJOBS_RECORD_TTL_S", Settings.record_ttl_s),

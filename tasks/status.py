@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from tasks.context import job_context
+from tasks.pauses import PendingAction, pending_actions
 from tasks.records import TurnRecord, TurnState
 
 
@@ -27,7 +27,7 @@ class TurnStatus:
     last_error: str | None  # redacted
     dead_letter_id: str | None
     queued_behind: str | None  # the earlier unfinished turn of the conversation it waits for
-    pending: tuple[Any, ...]  # PendingAction while paused (people in the loop: not built yet)
+    pending: tuple[PendingAction, ...]  # what it waits for while paused, else empty
     cancel_reason: str | None
     replayed_as: str | None
     created_at: datetime
@@ -46,7 +46,7 @@ class TurnStatus:
             last_error=record.last_error or None,
             dead_letter_id=record.dlq_id or None,
             queued_behind=queued_behind,
-            pending=(),
+            pending=pending_actions(record),
             cancel_reason=record.cancel_reason or None,
             replayed_as=record.replayed_as or None,
             created_at=_when(record.created_at_ms) or datetime.fromtimestamp(0, UTC),

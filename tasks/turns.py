@@ -50,6 +50,7 @@ from agent import (
     ProgressReport,
     ResponseReport,
     RunCheckpointError,
+    RunPause,
     ToolCallPhase,
     ToolCallReport,
     can_resume,
@@ -68,12 +69,13 @@ from tasks.errors import (
     TurnDeadLettered,
 )
 from tasks.journal import call_fields, read_journal, response_fields
+from tasks.pauses import pending_actions, recorded_decisions, requests_json
 from tasks.payload import TurnRequest, parse_payload, registration_of
 from tasks.progress import FrameWriter, apply_frames
 from tasks.records import ClaimStatus, Registered, TurnRecord
 from tasks.redact import redact
 from tasks.registry import build_agent
-from tasks.results import RUNNING, WAITING, report_state, write_final_result
+from tasks.results import PAUSED, RUNNING, WAITING, report_state, write_final_result
 from tasks.retry import backoff_delay_s
 from tasks.store import envelope_bytes
 
@@ -85,6 +87,7 @@ class Outcome(StrEnum):
     RETRY = "retry"
     DEAD_LETTER = "dead_letter"
     HAND_OVER = "hand_over"  # this worker is shutting down: another takes the turn at once
+    PAUSE = "pause"  # a call waits for a person: the turn holds no worker until decided
     IGNORE = "ignore"  # write nothing: another delivery owns the turn, or Redis is away
 
 
@@ -384,6 +387,8 @@ class _Turn:
             if decision.reason is Reason.INTERNAL_ERROR:
                 logger.exception("turn %s failed outside the agent run", self.turn_id)
             return decision
+        if self.result.pause is not None:
+            return Decision(Outcome.PAUSE)
         return Decision(Outcome.SUCCEED)
 
     def report_running(self) -> None:
@@ -412,6 +417,9 @@ class _Turn:
             self._repair_result()
         if decision.outcome is Outcome.HAND_OVER:
             self._hand_over()
+        if decision.outcome is Outcome.PAUSE:
+            assert self.result is not None and self.result.pause is not None
+            self._pause(self.result.pause)
         if decision.outcome is Outcome.SUCCEED:
             assert self.result is not None
             return self._succeed(self.result)
@@ -442,6 +450,12 @@ class _Turn:
             assert checkpoint is not None
             self.last_checkpoint = checkpoint
             self.frames = FrameWriter(checkpoint)
+            decisions = recorded_decisions(self.record)
+            if journal is not None and journal.requests and decisions:
+                # A pause a person answered: go on with the decisions, not the model.
+                requests = tuple(journal.requests.values())
+                pause = RunPause(checkpoint, journal, requests)
+                return agent.resume(decisions, pause=pause, time=request.time, **self._hooks())
             return agent.resume_on_error(
                 checkpoint, time=request.time, journal=journal, **self._hooks()
             )
@@ -508,6 +522,38 @@ class _Turn:
             ):
                 raise LeaseLost(self.turn_id)
             self.unwritten_response = None
+
+    def _pause(self, pause: RunPause) -> None:
+        """Hold the turn for a person (tasks/pauses.py): its progress, its paused iteration
+        and its requests in the record, no lease, no worker."""
+        with self.journal_lock:
+            unwritten, self.unwritten_response = self.unwritten_response, None
+        ttl_s = self.ctx.settings.pause_ttl_s
+        expires_ms = self.ctx.records.pause(
+            self.turn_id,
+            self.namespace,
+            self.token,
+            ttl_s=ttl_s,
+            frame=self.frames.frame(pause.checkpoint),
+            requests=requests_json(pause.pending),
+            kinds=[(r.request_id, str(r.kind)) for r in pause.pending],
+            journal=unwritten or {},
+        )
+        if not expires_ms:
+            self._repair_result()
+            return
+        record = self.ctx.records.get(self.turn_id, self.namespace)
+        pending = [a.as_dict() for a in pending_actions(record)] if record else []
+        info = {
+            "state": "paused",
+            "attempt": self.attempt,
+            "iteration": self.iteration,
+            "pending": pending,
+        }
+        report_state(self.turn_id, PAUSED, info)
+        logger.info(
+            "turn %s paused for %d decision(s) of a person", self.turn_id, len(pause.pending)
+        )
 
     def _hand_over(self) -> None:
         """This worker is shutting down (a deploy) and the run stopped at a check point: give

@@ -1,6 +1,6 @@
 -- Take a turn if it may run now: not ended, not waiting out a backoff, the head of its
 -- conversation's queue, no live lease. -> {'claimed', deliveries, record, stored envelope or
--- false} or {refusal}: missing | done | not_due | not_head | busy.
+-- false} or {refusal}: missing | done | paused | not_due | not_head | busy.
 local turn_key, queue_key, lease_key, retries_key, running_key, pending_key, conversation_key,
   events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local turn_id, token, lease_ms, worker = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -8,6 +8,8 @@ local turn_id, token, lease_ms, worker = ARGV[1], ARGV[2], tonumber(ARGV[3]), AR
 local state = redis.call('HGET', turn_key, 'state')
 if not state then return {'missing'} end
 if is_terminal(state) then return {'done'} end
+-- A paused turn waits for a person: only a decision (tasks/lua/decide.lua) makes it runnable.
+if state == 'paused' then return {'paused'} end
 local now = now_ms()
 if state == 'waiting' and tonumber(redis.call('HGET', turn_key, 'due_at_ms')) > now then
   return {'not_due'}

@@ -32,7 +32,7 @@ end
 local function ending_keys()
   return {turn = KEYS[1], lease = KEYS[2], running = KEYS[3], queue = KEYS[4],
     retries = KEYS[5], pending = KEYS[6], finished = KEYS[7], events = KEYS[8],
-    deadlines = KEYS[9], conversation = KEYS[10]}
+    deadlines = KEYS[9], conversation = KEYS[10], pauses = KEYS[11]}
 end
 
 -- A turn's progress frames (tasks/progress.py): fields frame:1 .. frame:<frames>.
@@ -64,18 +64,24 @@ end
 
 -- The journal of the iteration in flight (tasks/journal.py): journal:response and
 -- journal:<index> for each call that started, journal:calls holding how many calls it has.
+-- journal:requests (a pause's requests, JSON) and journal:request_ids belong to it too.
 local function clear_journal(turn_key)
   local n = tonumber(redis.call('HGET', turn_key, 'journal:calls') or '0')
   for i = 0, n - 1 do redis.call('HDEL', turn_key, 'journal:' .. i) end
-  redis.call('HDEL', turn_key, 'journal:response', 'journal:calls')
+  redis.call('HDEL', turn_key, 'journal:response', 'journal:calls', 'journal:requests',
+    'journal:request_ids')
 end
 
 -- Append one event to a turn's stream, in the same step as the record change it reports
 -- (docs/operations.md, "Events"). `data` is a table, written as a JSON object.
-local function emit(events_key, turn_key, now, event_type, data)
+local function emit_json(events_key, turn_key, now, event_type, data_json)
   local at = redis.call('HMGET', turn_key, 'attempt', 'iteration')
   redis.call('XADD', events_key, '*', 'type', event_type, 'attempt', at[1] or '1',
-    'iteration', at[2] or '0', 'at', now, 'data', cjson.encode(data))
+    'iteration', at[2] or '0', 'at', now, 'data', data_json)
+end
+
+local function emit(events_key, turn_key, now, event_type, data)
+  emit_json(events_key, turn_key, now, event_type, cjson.encode(data))
 end
 
 -- End a turn: mark it `state` with `fields`, drop it from every live index, release its lease
@@ -94,6 +100,7 @@ local function end_turn(k, turn_id, state, now, fields, event_type, event_data)
   redis.call('ZREM', k.retries, turn_id)
   redis.call('ZREM', k.pending, turn_id)
   redis.call('ZREM', k.deadlines, turn_id)
+  redis.call('ZREM', k.pauses, turn_id)
   redis.call('ZADD', k.finished, now, turn_id)
   redis.call('LREM', k.queue, 1, turn_id)
   local head = redis.call('LINDEX', k.queue, 0)

@@ -3,7 +3,7 @@
 -- (no expiry) while the entry does. token '' is for a turn that was never claimed.
 -- -> {'ok', next head or false} | {'done'} (already ended) | {'lost'} (lease not held)
 local k = ending_keys()
-local dlq_key, dlq_index_key = KEYS[11], KEYS[12]
+local dlq_key, dlq_index_key = KEYS[12], KEYS[13]
 local turn_id, token, entry_id, entry, reason, checkpoint, turn_prefix =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 k.turn_prefix = turn_prefix

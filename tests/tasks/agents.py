@@ -17,6 +17,7 @@ from agent import (
     ProviderHTTPError,
     ToolCall,
     ToolContext,
+    ask_user,
     tool,
 )
 from tasks.demo.agents import _SlowAwareProvider, lookup_order
@@ -165,3 +166,70 @@ def build_journal_parallel_idempotent() -> Agent:
 
 def build_journal_parallel_unsafe() -> Agent:
     return _journal_agent("unsafe", parallel=True)
+
+
+# -- people in the loop: a refund that needs a person's yes, a question ---------------------
+
+
+class _PersonProvider:
+    """The turn's message is `<tag> <mode>`. Modes: `refund` asks for lookup(A) and refund(A)
+    in one response; `ask` asks the person which order; `credit:<n>` asks for credit(n) (an
+    approval callable: more than 100 needs a person). Then it answers with the tool results.
+    Model calls are counted under pause:<tag>:model."""
+
+    name = "person"
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        last_user = max(i for i, m in enumerate(request.messages) if m.get("role") == "user")
+        tag, mode = str(request.messages[last_user]["content"]).split()[:2]
+        _journal_redis().incr(f"pause:{tag}:model")
+        results = [m["content"] for m in request.messages[last_user:] if m.get("role") == "tool"]
+        if results:
+            return LLMResponse(content="done: " + " | ".join(results))
+        if mode == "refund":
+            calls = [
+                ToolCall("c1", "lookup", {"order_id": "A", "tag": tag}),
+                ToolCall("c2", "refund", {"order_id": "A", "tag": tag}),
+            ]
+        elif mode == "ask":
+            calls = [ToolCall("c1", "ask_user", {"question": "Which order?"})]
+        else:
+            calls = [ToolCall("c1", "credit", {"amount": int(mode.split(":")[1]), "tag": tag})]
+        return LLMResponse(tool_calls=calls)
+
+
+def _ran(tag: str, what: str) -> None:
+    _journal_redis().rpush(f"pause:{tag}:runs", what)
+
+
+@tool(effect="read_only")
+def lookup(order_id: str, tag: str) -> str:
+    """Look an order up."""
+    _ran(tag, f"lookup {order_id}")
+    return f"{order_id} shipped"
+
+
+@tool(approval=True, effect="unsafe")
+def refund(order_id: str, tag: str) -> str:
+    """Refund an order."""
+    _ran(tag, f"refund {order_id}")
+    return f"refunded {order_id}"
+
+
+def _big(args: dict[str, Any], ctx: ToolContext) -> bool:
+    return int(args["amount"]) > 100
+
+
+@tool(approval=_big)
+def credit(amount: int, tag: str) -> str:
+    """Credit an amount."""
+    _ran(tag, f"credit {amount}")
+    return f"credited {amount}"
+
+
+def build_person_agent() -> Agent:
+    return Agent(
+        provider=_PersonProvider(),
+        model="test-model",
+        tools=[lookup, refund, credit, ask_user],
+    )

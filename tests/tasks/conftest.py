@@ -28,6 +28,7 @@ TEST_AGENTS = {
     "journal_unsafe": "tests.tasks.agents:build_journal_unsafe",
     "journal_parallel_idempotent": "tests.tasks.agents:build_journal_parallel_idempotent",
     "journal_parallel_unsafe": "tests.tasks.agents:build_journal_parallel_unsafe",
+    "person": "tests.tasks.agents:build_person_agent",
 }
 
 

@@ -11,18 +11,23 @@ import tasks
 from tests.conftest import ROOT
 
 PINNED_ALL = [
+    "ActionConflict",
     "InvalidTurnRequest",
+    "PendingAction",
     "Reason",
     "TurnCancelled",
     "TurnDeadLettered",
     "TurnEvent",
     "TurnState",
     "TurnStatus",
+    "answer_question",
     "app",
+    "approve_action",
     "cancel_conversation",
     "cancel_turn",
     "iter_events",
     "load_conversation",
+    "reject_action",
     "resume_turn",
     "run_turn",
     "turn_status",

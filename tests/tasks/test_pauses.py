@@ -1,0 +1,208 @@
+"""People in the loop (docs/operations.md, "People in the loop"), against real workers, the pump
+and Redis: a turn pauses for a person's decision, holds its conversation's place and no worker,
+survives every process being killed, and resumes by turn id and request id alone."""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+
+from tasks import (
+    ActionConflict,
+    PendingAction,
+    TurnCancelled,
+    TurnDeadLettered,
+    TurnState,
+    answer_question,
+    approve_action,
+    cancel_turn,
+    iter_events,
+    reject_action,
+    run_turn,
+    turn_status,
+)
+from tasks.testing import wait_until
+
+
+def submit(mode: str, conversation_id: str | None = None, **options: Any) -> tuple[Any, str]:
+    tag = uuid.uuid4().hex[:8]
+    result = run_turn.delay(
+        agent="person",
+        conversation_id=conversation_id or f"c-{tag}",
+        message=f"{tag} {mode}",
+        **options,
+    )
+    return result, tag
+
+
+def paused(turn_id: str, timeout_s: float = 20) -> tuple[PendingAction, ...]:
+    def is_paused() -> bool:
+        status = turn_status(turn_id)
+        return status is not None and status.state is TurnState.PAUSED
+
+    wait_until(is_paused, timeout_s, f"turn {turn_id} to pause")
+    status = turn_status(turn_id)
+    assert status is not None
+    return status.pending
+
+
+def runs(jobs: Any, tag: str) -> list[str]:
+    return [r.decode() for r in jobs.redis.lrange(f"pause:{tag}:runs", 0, -1)]
+
+
+def model_calls(jobs: Any, tag: str) -> int:
+    return int(jobs.redis.get(f"pause:{tag}:model") or 0)
+
+
+def event_types(turn_id: str) -> list[str]:
+    return [e.type for e in iter_events(turn_id, block_s=0)]
+
+
+def test_approve_runs_the_call_once_and_the_model_is_not_asked_again(jobs: Any) -> None:
+    result, tag = submit("refund")
+    [action] = paused(result.id)
+    # the other call of the response ran before the pause; the refund waits
+    assert runs(jobs, tag) == ["lookup A"]
+    assert (action.kind, action.tool, action.tool_call_id) == ("approval", "refund", "c2")
+    assert dict(action.args) == {"order_id": "A", "tag": tag}
+    assert action.expires_at > action.requested_at
+    # Celery sees it too, with what it waits for
+    celery = AsyncResult(result.id)
+    assert celery.state == "PAUSED"
+    assert celery.info["pending"][0]["requestId"] == action.request_id
+
+    assert approve_action(result.id, action.request_id, actor="ops@example.com") is True
+    reply = result.get(timeout=30)
+    assert reply["content"] == "done: A shipped | refunded A"
+    assert runs(jobs, tag) == ["lookup A", "refund A"]
+    assert model_calls(jobs, tag) == 2
+    # deciding again the same way is harmless; otherwise it is a conflict
+    assert approve_action(result.id, action.request_id, actor="someone else") is False
+    with pytest.raises(ActionConflict, match="already decided otherwise"):
+        reject_action(result.id, action.request_id, message="no")
+
+    types = event_types(result.id)
+    assert types.index("turn.paused") < types.index("action.decided") < types.index("turn.resumed")
+    assert types.count("turn.started") == 2 and types[-1] == "turn.succeeded"
+    decided = next(e for e in iter_events(result.id, block_s=0) if e.type == "action.decided")
+    assert decided.data == {
+        "requestId": action.request_id,
+        "decision": "approve",
+        "actor": "ops@example.com",
+    }
+
+
+def test_approve_with_edited_args_runs_the_edited_call(jobs: Any) -> None:
+    result, tag = submit("refund")
+    [action] = paused(result.id)
+    approve_action(result.id, action.request_id, edited_args={"order_id": "B", "tag": tag})
+    assert result.get(timeout=30)["content"] == "done: A shipped | refunded B"
+    assert runs(jobs, tag) == ["lookup A", "refund B"]
+
+
+def test_reject_tells_the_model_and_runs_nothing(jobs: Any) -> None:
+    result, tag = submit("refund")
+    [action] = paused(result.id)
+    assert reject_action(result.id, action.request_id, message="over the limit") is True
+    assert result.get(timeout=30)["content"] == "done: A shipped | [rejected] over the limit"
+    assert runs(jobs, tag) == ["lookup A"]
+
+
+def test_a_question_is_answered_verbatim_and_only_by_answer_question(jobs: Any) -> None:
+    result, _ = submit("ask")
+    [question] = paused(result.id)
+    assert (question.kind, question.question) == ("question", "Which order?")
+    with pytest.raises(ActionConflict, match="answer_question"):
+        approve_action(result.id, question.request_id)
+    with pytest.raises(ActionConflict, match="never pending"):
+        answer_question(result.id, "req-made-up", "A")
+    assert answer_question(result.id, question.request_id, "  A-17, the blue one ") is True
+    assert result.get(timeout=30)["content"] == "done:   A-17, the blue one "
+
+
+def test_an_approval_callable_lets_small_calls_through_and_pauses_big_ones(jobs: Any) -> None:
+    small, tag = submit("credit:20")
+    assert small.get(timeout=30)["content"] == "done: credited 20"
+    assert runs(jobs, tag) == ["credit 20"]
+    big, big_tag = submit("credit:500")
+    [action] = paused(big.id)
+    assert action.tool == "credit" and runs(jobs, big_tag) == []
+    approve_action(big.id, action.request_id)
+    assert big.get(timeout=30)["content"] == "done: credited 500"
+
+
+def test_a_paused_turn_holds_its_conversations_place_but_no_worker(make_jobs: Any) -> None:
+    jobs = make_jobs()
+    jobs.worker(concurrency=1)  # one slot: a pause that held it would stall the other turn
+    jobs.pump()
+    first, _ = submit("refund", conversation_id="c-order")
+    [action] = paused(first.id)
+    second, second_tag = submit("credit:5", conversation_id="c-order")
+    other, _ = submit("credit:7")  # another conversation runs meanwhile
+    assert other.get(timeout=30)["content"] == "done: credited 7"
+    time.sleep(1.0)
+    status = turn_status(second.id)
+    assert status is not None and status.state is TurnState.QUEUED
+    assert status.queued_behind == first.id
+    assert runs(jobs, second_tag) == []
+    approve_action(first.id, action.request_id)
+    assert first.get(timeout=30)["turnNumber"] == 1
+    assert second.get(timeout=30)["turnNumber"] == 2
+
+
+def test_a_pause_survives_every_process_and_redis_being_killed(
+    make_jobs: Any, redis_server: Any
+) -> None:
+    jobs = make_jobs()
+    worker, pump = jobs.worker(), jobs.pump()
+    result, tag = submit("refund")
+    [action] = paused(result.id)
+    worker.kill(signal.SIGKILL)
+    pump.kill(signal.SIGKILL)
+    redis_server.restart()  # appendonly: what was written survives
+    # the decision is made while nothing runs
+    assert approve_action(result.id, action.request_id) is True
+    jobs.worker()
+    jobs.pump()
+    assert result.get(timeout=60)["content"] == "done: A shipped | refunded A"
+    assert runs(jobs, tag) == ["lookup A", "refund A"]
+
+
+def test_a_pause_nobody_decides_expires_as_pause_expired(make_jobs: Any) -> None:
+    jobs = make_jobs(AGENTJOBS_PAUSE_TTL_S="1")
+    jobs.worker()
+    jobs.pump()
+    result, tag = submit("refund")
+    [action] = paused(result.id)
+    with pytest.raises(TurnDeadLettered) as failed:
+        result.get(timeout=30)
+    assert failed.value.reason == "pause_expired"
+    assert runs(jobs, tag) == ["lookup A"]
+    with pytest.raises(ActionConflict, match="pause ended"):
+        approve_action(result.id, action.request_id)
+
+
+def test_cancel_ends_a_paused_turn(jobs: Any) -> None:
+    result, tag = submit("refund")
+    [action] = paused(result.id)
+    assert cancel_turn(result.id, reason="customer left") is True
+    with pytest.raises(TurnCancelled):
+        result.get(timeout=10)
+    with pytest.raises(ActionConflict, match="cancelled"):
+        approve_action(result.id, action.request_id)
+    assert runs(jobs, tag) == ["lookup A"]
+
+
+def test_time_paused_does_not_count_toward_the_deadline(jobs: Any) -> None:
+    result, _ = submit("refund", deadline_s=3)
+    [action] = paused(result.id)
+    time.sleep(4)  # longer than the whole deadline, all of it paused
+    status = turn_status(result.id)
+    assert status is not None and status.state is TurnState.PAUSED
+    approve_action(result.id, action.request_id)
+    assert result.get(timeout=30)["content"] == "done: A shipped | refunded A"
