@@ -356,6 +356,8 @@ def describe_state(record: dict[str, Any]) -> str:
         due = record.get("dueAtMs")
         when = datetime.fromtimestamp(due / 1000, UTC).isoformat(timespec="seconds") if due else "?"
         return f"waiting for retry (attempt {record.get('attempt')}) until {when}"
+    if state == "paused":
+        return "paused: waiting for a person's decision (`agentjobs turn pending`)"
     if state == "cancelled":
         why = record.get("cancelReason")
         return f"cancelled: {why}" if why else "cancelled"
@@ -386,8 +388,11 @@ def turn_show(turn_id: str, as_json: bool) -> None:
             f"no turn {turn_id!r}; finished turns are kept {kept} (AGENTJOBS_RECORD_TTL_S), "
             "`agentjobs turn list` shows those there are"
         )
+    from tasks.pauses import pending_actions
+
     data = record.as_dict(ctx.records.progress(record))
     data["describe"] = describe_state(data)
+    data["pending"] = [action.as_dict() for action in pending_actions(record)]
     if record.state == TurnState.WAITING:
         data["overdue"] = pump_may_be_down(ctx, record.due_at_ms)
     if as_json:
@@ -400,6 +405,9 @@ def turn_show(turn_id: str, as_json: bool) -> None:
     for key in ("agent", "conversationId", "attempt", "deliveries", "worker", "lastError"):
         if data.get(key) not in (None, ""):
             table.add_row(key, str(data[key]))
+    for action in data.get("pending") or []:
+        asks = action["question"] or orjson.dumps(action["args"]).decode()
+        table.add_row("pending", f"{action['requestId']}: {action['kind']} {action['tool']} {asks}")
     if data.get("replayOf"):
         table.add_row("replayOf", str(data["replayOf"]))
     if data.get("result"):
@@ -458,6 +466,124 @@ def turn_cancel(turn_id: str, reason: str) -> None:
     if record is None:
         raise Failure(f"no turn {turn_id!r}; `agentjobs turn list` shows those there are")
     click.echo(f"turn {turn_id} had already ended ({record.state}); nothing to cancel.")
+
+
+@turn.command("pending")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of paused turns.")
+def turn_pending(as_json: bool) -> None:
+    """List the paused turns and the decisions each waits for, soonest to expire first."""
+    from tasks.pauses import paused_turns
+
+    ctx = _context()
+    found: list[dict[str, Any]] = [
+        {
+            "turnId": record.turn_id,
+            "agent": record.agent,
+            "conversationId": record.conversation_id,
+            "pending": [action.as_dict() for action in actions],
+        }
+        for record, actions in paused_turns(ctx)
+    ]
+    if as_json:
+        _print_json(found)
+        return
+    if not found:
+        click.echo("no turn is waiting for a decision.")
+        return
+    columns = [
+        Column("turn id"),
+        Column("request id"),
+        Column("kind", drop=2),
+        Column("tool", drop=3),
+        Column("expires", drop=1),
+        Column("asks", flexible=True),
+    ]
+    rows = [
+        [
+            turn["turnId"],
+            action["requestId"],
+            action["kind"],
+            action["tool"],
+            _when(action["expiresAt"]),
+            action["question"] or orjson.dumps(action["args"]).decode(),
+        ]
+        for turn in found
+        for action in turn["pending"]
+    ]
+    click.echo(format_table(columns, rows, _width()))
+    actions = sum(len(turn["pending"]) for turn in found)
+    click.echo(
+        f"{_plural(len(found), 'paused turn', 'paused turns')}, "
+        f"{_plural(actions, 'decision', 'decisions')} to make: `agentjobs turn approve|reject|"
+        "answer TURN_ID REQUEST_ID`."
+    )
+
+
+def _decided(turn_id: str, request_id: str, recorded: bool, what: str) -> None:
+    if recorded:
+        click.echo(f"{what} request {request_id} of turn {turn_id}.")
+    else:
+        click.echo(f"request {request_id} of turn {turn_id} was already decided so; no change.")
+
+
+def _json_args(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter("must be a JSON object of the tool's arguments")
+    return parsed
+
+
+@turn.command("approve")
+@click.argument("turn_id")
+@click.argument("request_id")
+@click.option(
+    "--args",
+    "edited_args",
+    callback=_json_args,
+    default=None,
+    help="The call's arguments to run instead of the model's, as a JSON object.",
+)
+@click.option("--actor", default="", help="Who decides (kept in the record and the event).")
+def turn_approve(turn_id: str, request_id: str, edited_args: Any, actor: str) -> None:
+    """Approve a paused turn's tool call; the turn resumes once all its requests are decided."""
+    from tasks.pauses import approve_action
+
+    _context()
+    recorded = approve_action(turn_id, request_id, edited_args=edited_args, actor=actor)
+    _decided(turn_id, request_id, recorded, "approved")
+
+
+@turn.command("reject")
+@click.argument("turn_id")
+@click.argument("request_id")
+@click.option("--message", default="", help="What the model is told ([rejected] <message>).")
+@click.option("--actor", default="", help="Who decides (kept in the record and the event).")
+def turn_reject(turn_id: str, request_id: str, message: str, actor: str) -> None:
+    """Reject a paused turn's tool call: it does not run, and the model is told why."""
+    from tasks.pauses import reject_action
+
+    _context()
+    recorded = reject_action(turn_id, request_id, message=message, actor=actor)
+    _decided(turn_id, request_id, recorded, "rejected")
+
+
+@turn.command("answer")
+@click.argument("turn_id")
+@click.argument("request_id")
+@click.argument("text")
+@click.option("--actor", default="", help="Who answers (kept in the record and the event).")
+def turn_answer(turn_id: str, request_id: str, text: str, actor: str) -> None:
+    """Answer a paused turn's question: the text is the ask_user call's result, verbatim."""
+    from tasks.pauses import answer_question
+
+    _context()
+    recorded = answer_question(turn_id, request_id, text, actor=actor)
+    _decided(turn_id, request_id, recorded, "answered")
 
 
 @turn.command("list")

@@ -9,6 +9,7 @@ AgentjobsGroup, the root command's class, maps these once for every subcommand:
     kombu OperationalError                cannot reach the Celery broker; CELERY_BROKER_URL
     SettingsError                         the variable and what it must be
     ReplayError, LookupError              an unknown id, worded where it is raised
+    ActionConflict                        a decision that cannot be recorded, and why
     click.UsageError                      a bad argument, and which `--help` to read
 
 Anything else is a bug and keeps its traceback. No message shows a URL's user or password.
@@ -62,6 +63,7 @@ def _why(exc: BaseException) -> str:
 def operator_message(exc: BaseException) -> str | None:
     """What a person should read for an expected failure; None for anything else (a bug)."""
     from tasks.deadletter import ReplayError
+    from tasks.errors import ActionConflict
 
     if isinstance(exc, redis.AuthenticationError):
         return (
@@ -82,6 +84,8 @@ def operator_message(exc: BaseException) -> str | None:
         )
     if isinstance(exc, SettingsError):
         return f"bad setting: {exc}; fix it in the environment and run again"
+    if isinstance(exc, ActionConflict):
+        return f"{exc}; `agentjobs turn pending` lists what waits for a decision"
     if isinstance(exc, ReplayError | LookupError):
         return str(exc.args[0]) if exc.args else type(exc).__name__
     return None

@@ -113,6 +113,20 @@ def recorded_decisions(record: TurnRecord) -> dict[str, Decision]:
     return decisions
 
 
+def paused_turns(ctx: JobContext) -> list[tuple[TurnRecord, tuple[PendingAction, ...]]]:
+    """Every paused turn with what it waits for, the soonest to expire first."""
+    found: list[tuple[int, str, str]] = []
+    for shard in ctx.keys.all_shards():
+        members: Any = ctx.redis.zrange(shard.pauses, 0, -1, withscores=True)
+        found += [(int(score), member.decode(), "") for member, score in members]
+    turns = []
+    for _, turn_id, _ in sorted(found):
+        record = ctx.records.get(turn_id)
+        if record is not None and record.state is TurnState.PAUSED:
+            turns.append((record, pending_actions(record)))
+    return turns
+
+
 # -- decisions ----------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import Any
 
+import orjson
 import pytest
 from celery.result import AsyncResult
 
@@ -206,3 +207,31 @@ def test_time_paused_does_not_count_toward_the_deadline(jobs: Any) -> None:
     assert status is not None and status.state is TurnState.PAUSED
     approve_action(result.id, action.request_id)
     assert result.get(timeout=30)["content"] == "done: A shipped | refunded A"
+
+
+def test_the_command_line_lists_and_decides_pauses(jobs: Any) -> None:
+    from tests.tasks.test_cli import cli
+
+    refund, _ = submit("refund")
+    question, _ = submit("ask")
+    [approval] = paused(refund.id)
+    [asked] = paused(question.id)
+    listed = orjson.loads(cli("turn", "pending", "--json"))
+    by_turn = {turn["turnId"]: turn["pending"] for turn in listed}
+    assert by_turn[refund.id][0]["requestId"] == approval.request_id
+    assert by_turn[question.id][0]["question"] == "Which order?"
+    table = cli("turn", "pending")
+    assert approval.request_id in table and "2 paused turns" in table
+    assert "paused: waiting" in cli("turn", "show", refund.id)
+
+    wrong = cli("turn", "approve", question.id, asked.request_id, exit_code=1)
+    assert "answer_question" in wrong and "turn pending" in wrong
+    edited = '{"order_id": "C", "tag": "cli"}'
+    assert "approved" in cli("turn", "approve", refund.id, approval.request_id, "--args", edited)
+    assert "already decided" in cli(
+        "turn", "approve", refund.id, approval.request_id, "--args", edited
+    )
+    assert "answered" in cli("turn", "answer", question.id, asked.request_id, "the red one")
+    assert refund.get(timeout=30)["content"] == "done: A shipped | refunded C"
+    assert question.get(timeout=30)["content"] == "done: the red one"
+    assert "no turn is waiting" in cli("turn", "pending")
