@@ -1,6 +1,7 @@
 """The demo (`agentjobs demo`): the Procfile's processes on Redis, three turns, the dead
 letters. One turn succeeds, one fails twice with HTTP 503 and recovers after a visible backoff,
-one gets a 401 and is dead-lettered. Stops everything it started.
+one gets a 401 and is dead-lettered, one asks for a refund that needs a person's approval: it
+pauses, holding no worker, until the demo approves it. Stops everything it started.
 
 Its agent (tasks/demo/agents.py) is registered in the environment the demo gives its own
 processes, never in the production registry; its keys, queues and results live under a key
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 if TYPE_CHECKING:
     from tasks.events import TurnEvent
 
@@ -24,7 +27,10 @@ TURNS = [
     ("ok", "c-ok", "Where is my order A-17? rounds:2 think:0.3"),
     ("flaky", "c-flaky", "Where is my order B-2? rounds:1 think:0.3 fail:503x2"),
     ("denied", "c-auth", "Refund my order C-3. think:0.3 fail:401"),
+    ("refund", "c-refund", "Refund my order D-4. refund:D-4 think:0.3"),
 ]
+# How long the demo lets a paused turn wait before it approves it, so the pause is seen.
+APPROVE_AFTER_S = 1.5
 
 
 def say(text: str) -> None:
@@ -64,6 +70,14 @@ def describe_event(event: TurnEvent) -> str:
     if event.type == "retry.scheduled":
         wait_s = (int(data["dueAt"]) - event.at.timestamp() * 1000) / 1000
         return f"failed: {data.get('error')}; retrying in {wait_s:.1f} s"
+    if event.type == "turn.paused":
+        asks = ", ".join(
+            f"{p.get('tool')}({orjson.dumps(p.get('args')).decode()})"
+            for p in data.get("pending", [])
+        )
+        return f"paused: {asks} needs a person's approval; no worker is held"
+    if event.type == "action.decided":
+        return f"{data.get('decision')}d by {data.get('actor') or 'someone'}"
     if event.type == "turn.succeeded":
         return f"succeeded: {str(data.get('content'))[:60]!r}"
     if event.type == "turn.dead_lettered":
@@ -77,6 +91,7 @@ def follow(turns: dict[str, Any], timeout_s: float = 40) -> None:
 
     last: dict[str, str | None] = dict.fromkeys(turns)
     ended: set[str] = set()
+    paused: dict[str, tuple[float, TurnEvent]] = {}
     deadline = time.monotonic() + timeout_s
     while len(ended) < len(turns) and time.monotonic() < deadline:
         for label, result in turns.items():
@@ -85,9 +100,24 @@ def follow(turns: dict[str, Any], timeout_s: float = 40) -> None:
                 if event.type in ("tool.finished",):
                     continue
                 say(f"{label:7} {describe_event(event)}")
+                if event.type == "turn.paused":
+                    paused[label] = (time.monotonic(), event)
                 if event.type in TERMINAL_EVENTS:
                     ended.add(label)
+        for label, (since, event) in list(paused.items()):
+            if time.monotonic() - since >= APPROVE_AFTER_S:
+                approve_all(label, event)
+                del paused[label]
         time.sleep(0.05)
+
+
+def approve_all(label: str, event: TurnEvent) -> None:
+    """What a person (or their web handler) does: approve by turn id and request id alone."""
+    from tasks import approve_action
+
+    for pending in event.data.get("pending", []):
+        say(f"{label:7} the demo approves {pending['tool']} ({pending['requestId']})")
+        approve_action(event.turn_id, pending["requestId"], actor="the demo")
 
 
 def remove_demo_keys(client: Any, prefix: str) -> int:
@@ -126,7 +156,7 @@ def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
                 return 1
             say(f"started {name} (pid {processes[-1].pid}): {command}")
         wait_until(lambda: app.control.ping(timeout=0.5), 30, "the worker to answer a ping")
-        say("worker ready; submitting three turns")
+        say(f"worker ready; submitting {len(TURNS)} turns")
         turns = {
             label: run_turn.delay(agent="demo", conversation_id=cid, message=message)
             for label, cid, message in TURNS

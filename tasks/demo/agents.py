@@ -10,6 +10,7 @@ Directives (words in the message):
   rounds:3        call the `lookup_order` tool in 3 iterations before answering
   slow:1.5        each tool call takes 1.5 s (time to kill a worker mid-turn)
   think:0.2       each model call takes 0.2 s (an I/O-bound provider)
+  refund:D-4      ask for refund_order(D-4), a tool that needs a person's approval
 Counters live in Redis under the demo key prefix, so they survive retries in other processes:
 `calls` (model calls per turn) and `tool` (tool executions per turn and iteration).
 """
@@ -35,7 +36,7 @@ from agent import (
 from tasks.context import job_context
 from tasks.providers import provider_from_settings
 
-_DIRECTIVE = re.compile(r"\b(fail|rounds|slow|think):([0-9A-Za-z.@]+)")
+_DIRECTIVE = re.compile(r"\b(fail|rounds|slow|think|refund):([0-9A-Za-z.@-]+)")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Directives:
     rounds: int = 0
     slow_s: float = 0.0
     think_s: float = 0.0
+    refund: str = ""
 
     @classmethod
     def read(cls, text: str) -> Directives:
@@ -63,6 +65,8 @@ class Directives:
                 values["slow_s"] = float(raw)
             elif name == "think":
                 values["think_s"] = float(raw)
+            elif name == "refund":
+                values["refund"] = raw
         return cls(**values)
 
 
@@ -104,6 +108,9 @@ class DirectiveProvider:
                     retry_after_s=directives.retry_after_s,
                 )
         rounds_done = sum(1 for m in request.messages[index + 1 :] if m.get("role") == "tool")
+        if directives.refund and not rounds_done:
+            call = ToolCall("call_refund", "refund_order", {"orderId": directives.refund})
+            return LLMResponse(content="", tool_calls=[call])
         if rounds_done < directives.rounds:
             call = ToolCall(
                 id=f"call_{rounds_done + 1}",
@@ -126,6 +133,15 @@ def lookup_order(
     if slow_s:
         time.sleep(slow_s)
     return {"orderId": orderId, "status": "shipped", "eta": "2026-09-01"}
+
+
+@tool(
+    description="Refund an order (demo). Needs a person's approval first.",
+    approval=True,
+    effect="unsafe",
+)
+def refund_order(orderId: str) -> dict[str, Any]:
+    return {"orderId": orderId, "refunded": True}
 
 
 class _SlowAwareProvider(DirectiveProvider):
@@ -160,6 +176,6 @@ def build_demo_agent() -> Agent:
         provider=provider,
         model="demo-model",
         system="You are a concise support agent.",
-        tools=[lookup_order],
+        tools=[lookup_order, refund_order],
         max_iterations=8,
     )

@@ -16,7 +16,7 @@ from tasks.testing import ROOT, RedisServer
 pytestmark = pytest.mark.integration
 
 
-def test_the_demo_tells_three_turns_and_leaves_nothing_behind(
+def test_the_demo_tells_four_turns_and_leaves_nothing_behind(
     redis_server: RedisServer, tmp_path: Any
 ) -> None:
     client = redis.Redis.from_url(redis_server.url)
@@ -38,6 +38,12 @@ def test_the_demo_tells_three_turns_and_leaves_nothing_behind(
     assert "flaky   result:" in out and "after 3 attempt(s)" in out
     assert "dead-lettered as dl-" in out and "non_resumable" in out
     assert "1 entry." in out
+    # the fourth turn pauses for an approval, which the demo gives after a visible wait
+    story = [line.split("] ", 1)[-1] for line in out.splitlines() if "refund " in line]
+    paused = next(i for i, line in enumerate(story) if "needs a person's approval" in line)
+    approved = next(i for i, line in enumerate(story) if "approved by the demo" in line)
+    done = next(i for i, line in enumerate(story) if line.startswith("refund  result:"))
+    assert paused < approved < done
     assert "stopped the worker and the pump" in out
     # Nothing of the demo's stays in a Redis it shares (kombu's one shared bookkeeping key
     # aside, which every Celery app on that Redis uses); what was there stays
