@@ -714,7 +714,8 @@ def pump() -> None:
 
 @main.command()
 def demo() -> None:
-    """Run the demo: a worker and the pump on Redis, four turns (a retry, a dead letter, an approval), the dead letters."""
+    """Run the demo: a worker and the pump on Redis, four turns (a retry, a dead letter, an
+    approval), the dead letters."""
     from tasks.demo import main as demo_main
 
     raise SystemExit(demo_main())
