@@ -95,6 +95,18 @@ def configure_client(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> No
     reset()
 
 
+def drop_client_connections() -> None:
+    """After a test restarted Redis: this process's pooled broker connections died with it,
+    and the next broadcast (app.control.ping) would pick one. Celery resets its pools the same
+    way in a forked child."""
+    from kombu import pools
+
+    from tasks import app
+
+    pools.reset()  # kombu's process-wide connection and producer pools (app.pool is one)
+    app._after_fork()
+
+
 @pytest.fixture
 def make_jobs(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

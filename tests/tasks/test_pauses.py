@@ -28,6 +28,7 @@ from tasks import (
     turn_status,
 )
 from tasks.testing import wait_until
+from tests.tasks.conftest import drop_client_connections
 
 
 def submit(mode: str, conversation_id: str | None = None, **options: Any) -> tuple[Any, str]:
@@ -166,6 +167,7 @@ def test_a_pause_survives_every_process_and_redis_being_killed(
     worker.kill(signal.SIGKILL)
     pump.kill(signal.SIGKILL)
     redis_server.restart()  # appendonly: what was written survives
+    drop_client_connections()
     # the decision is made while nothing runs
     assert approve_action(result.id, action.request_id) is True
     jobs.worker()

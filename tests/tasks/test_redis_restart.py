@@ -10,6 +10,7 @@ import pytest
 from tasks import load_conversation, run_turn
 from tasks.context import job_context
 from tasks.testing import RedisServer, wait_until
+from tests.tasks.conftest import drop_client_connections
 
 
 @pytest.mark.parametrize("pool", ["threads", "prefork"])
@@ -28,6 +29,7 @@ def test_workers_survive_a_redis_restart_mid_turn(
     )
 
     redis_server.restart()
+    drop_client_connections()
 
     assert result.get(timeout=60)["content"] == "Done: hi rounds:2 slow:1.5"
     stored = load_conversation("c1")
