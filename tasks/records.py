@@ -136,6 +136,10 @@ class TurnRecord:
     deadline_at_ms: int = 0
     cancel_reason: str = ""
     handovers: int = 0  # times a worker that was shutting down handed it to another
+    # W3C trace context (JSON carrier) its attempts' spans join (tasks/telemetry.py), or "".
+    trace: str = ""
+    # When a queued turn became the head of its conversation (runnable); 0 while behind one.
+    runnable_at_ms: int = 0
 
     @classmethod
     def from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
@@ -178,6 +182,8 @@ class TurnRecord:
             deadline_at_ms=_int(fields, "deadline_at_ms"),
             cancel_reason=fields.get("cancel_reason", ""),
             handovers=_int(fields, "handovers"),
+            trace=fields.get("trace", ""),
+            runnable_at_ms=_int(fields, "runnable_at_ms"),
         )
 
     def as_dict(self, progress: AgentRunCheckpoint | None = None) -> dict[str, Any]:
@@ -295,12 +301,14 @@ class TurnRecords:
         checkpoint: bytes = b"",
         replay_of: str = "",
         deadline_s: float = 0,
+        trace: str = "",
     ) -> Registered:
-        """Record a submitted turn and queue it behind its conversation's earlier turns.
-        A turn id already recorded is left as it is."""
+        """Record a submitted turn and queue it behind its conversation's earlier turns, with
+        the trace context its attempts join (`trace`, tasks/telemetry.py). A turn id already
+        recorded is left as it is."""
         k = self._keys.for_namespace(namespace)
         args: list[Any] = [turn_id, payload, agent, conversation_id, namespace, checkpoint]
-        args += [replay_of, int(deadline_s * 1000)]
+        args += [replay_of, int(deadline_s * 1000), trace]
         keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id), k.deadlines]
         created = int(self._run("register", keys, args))
         return {1: Registered.CREATED, 0: Registered.EXISTS}.get(created, Registered.CONFLICT)
@@ -380,6 +388,13 @@ class TurnRecords:
         if _text(reply[0]) != "ok":
             return None
         return Due(turn_id, namespace, _text(reply[1]), _text(reply[2]))
+
+    def keep_trace(self, turn_id: str, namespace: str, token: str, trace: str) -> str | None:
+        """Record `trace` as the context the turn's attempts join, unless one is recorded;
+        returns the one recorded, or None when the lease is no longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        kept = self._run("trace", [k.turn(turn_id), k.lease(namespace)], [turn_id, token, trace])
+        return _text(kept) if kept else None
 
     def write_journal(
         self,
