@@ -198,6 +198,11 @@ def stats(as_json: bool) -> None:
     click.echo(f"retries due    {due}{since}")
     oldest = figures["oldestQueuedAgeS"]
     click.echo("oldest queued  " + (f"{human_s(oldest)} ago" if oldest is not None else "-"))
+    runnable = figures["oldestRunnableAgeS"]
+    click.echo(
+        "runnable for   "
+        + (f"{human_s(runnable)} (the longest a turn has waited for a worker)" if runnable else "-")
+    )
     pump = figures["pump"]
     beat = pump["lastHeartbeatAgeS"]
     click.echo(
