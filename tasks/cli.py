@@ -10,6 +10,7 @@
     agentjobs dlq replay ID | --all [--reason R]
     agentjobs dlq purge --reason R | --older-than DURATION | --all [--yes]
     agentjobs pump
+    agentjobs metrics [--port 9808] [--host 0.0.0.0]
     agentjobs demo
 
 An expected failure (Redis unreachable, a bad setting, an unknown id, a bad argument) is one line
@@ -197,6 +198,11 @@ def stats(as_json: bool) -> None:
     click.echo(f"retries due    {due}{since}")
     oldest = figures["oldestQueuedAgeS"]
     click.echo("oldest queued  " + (f"{human_s(oldest)} ago" if oldest is not None else "-"))
+    runnable = figures["oldestRunnableAgeS"]
+    click.echo(
+        "runnable for   "
+        + (f"{human_s(runnable)} (the longest a turn has waited for a worker)" if runnable else "-")
+    )
     pump = figures["pump"]
     beat = pump["lastHeartbeatAgeS"]
     click.echo(
@@ -710,6 +716,33 @@ def pump() -> None:
     from tasks.pump import main as pump_main
 
     pump_main()
+
+
+@main.command()
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=9808, show_default=True, help="TCP port."
+)
+@click.option(
+    "--host", default="0.0.0.0", show_default=True, help="Address to listen on (all by default)."
+)
+def metrics(port: int, host: str) -> None:
+    """Serve Prometheus metrics at /metrics, read from the state store at each scrape."""
+    import logging
+
+    from tasks.metrics import serve
+    from tasks.redact import RedactingFilter
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
+    ctx = _context()
+    try:
+        serve(ctx, port=port, host=host)
+    except OSError as exc:
+        raise Failure(
+            f"cannot serve metrics on {host}:{port} ({exc.strerror or exc}); is another "
+            "process using the port? --port picks another"
+        ) from None
 
 
 @main.command()

@@ -48,7 +48,12 @@ _PAGE = 500
 # A due retry the pump has not taken this many intervals later means no pump is running.
 OVERDUE_PUMP_INTERVALS = 5
 # Which shard index holds the unfinished turns of each state.
-_INDEX_OF_STATE = {"queued": "pending", "running": "running", "waiting": "retries"}
+_INDEX_OF_STATE = {
+    "queued": "pending",
+    "running": "running",
+    "waiting": "retries",
+    "paused": "pauses",
+}
 
 
 def summary_of(record: TurnRecord) -> dict[str, Any]:
@@ -145,9 +150,12 @@ def conversation_view(
     return ConversationView(conversation_id, namespace, checkpoint, unreadable, unfinished)
 
 
-def stats(ctx: JobContext) -> dict[str, Any]:
-    """Turns by state, dead letters by reason, retries due, the oldest runnable turn's age and
-    the pump's heartbeat, as one JSON-ready dict (camelCase keys, ages in seconds)."""
+def live_stats(ctx: JobContext) -> dict[str, Any]:
+    """The figures that come from the shard indices and counters alone, which is cheap (one
+    pipelined round trip, and one more per shard that has queued turns): unfinished turns by
+    state, dead letters by reason, retries due, the oldest runnable turn's age, the pump's
+    heartbeat, the workers' heartbeats and the shards' counters added up. `agentjobs metrics`
+    reads these at every scrape; `stats` adds the finished turns, which walk every record."""
     records, settings = ctx.records, ctx.settings
     now_ms = records.server_time_ms()
     overdue_ms = int(OVERDUE_PUMP_INTERVALS * settings.pump_interval_s * 1000)
@@ -162,56 +170,94 @@ def stats(ctx: JobContext) -> dict[str, Any]:
             pipe.zrangebyscore(shard.retries, "-inf", now_ms, start=0, num=1, withscores=True)
             pipe.zrange(shard.pending, 0, -1)
             pipe.hvals(shard.dead_letters)
+            pipe.hgetall(shard.counters)
+            pipe.zcard(shard.pauses)
         pipe.get(ctx.keys.pump_heartbeat)
+        pipe.hvals(ctx.keys.workers)
         replies: list[Any] = pipe.execute()
+    beats = [orjson.loads(raw)["at"] for raw in replies.pop()]
     heartbeat_raw = replies.pop()
     turns: Counter[str] = Counter()
     due_now = overdue = 0
     oldest_due_ms: int | None = None
     reasons: Counter[str] = Counter()
+    counters: Counter[str] = Counter()
     queued_ages: list[int] = []
+    runnable_ages: list[int] = []
+    width = 10
     for n, shard in enumerate(shards):
-        queued, running, waiting, due, late, first_due, pending, dead = replies[n * 8 : n * 8 + 8]
-        turns.update(queued=queued, running=running, waiting=waiting)
+        queued, running, waiting, due, late, first_due, pending, dead, counted, held = replies[
+            n * width : n * width + width
+        ]
+        turns.update(queued=queued, running=running, waiting=waiting, paused=held)
         due_now += due
         overdue += late
         if first_due:
             score = int(first_due[0][1])
             oldest_due_ms = score if oldest_due_ms is None else min(oldest_due_ms, score)
         reasons.update(orjson.loads(raw).get("reason", "?") for raw in dead)
-        # A pending score is the turn's last wake, not its submission: read when it was made.
+        counters.update({name.decode(): int(value) for name, value in counted.items()})
+        # A pending score is the turn's last wake, not its submission: read when it was made,
+        # and when it became runnable (set while it is the head of its conversation).
         if pending:
             with ctx.redis.pipeline(transaction=False) as pipe:
                 for member in pending:
-                    pipe.hget(shard.turn(member.decode()), "created_at_ms")
-                queued_ages += [now_ms - int(v) for v in pipe.execute() if v]
-    finished: Counter[str] = Counter(
-        str(r.state) for r in iter_turns(ctx) if str(r.state) not in _INDEX_OF_STATE
-    )
+                    pipe.hmget(shard.turn(member.decode()), "created_at_ms", "runnable_at_ms")
+                for created, runnable in pipe.execute():
+                    if created:
+                        queued_ages.append(now_ms - int(created))
+                    if runnable:
+                        runnable_ages.append(now_ms - int(runnable))
+    if oldest_due_ms is not None:
+        runnable_ages.append(now_ms - oldest_due_ms)
     heartbeat_ms = int(heartbeat_raw) if heartbeat_raw else None
     heartbeat_age_s = (now_ms - heartbeat_ms) / 1000 if heartbeat_ms is not None else None
     pump_silent = heartbeat_age_s is None or heartbeat_age_s * 1000 > overdue_ms
-    by_state = {str(s): 0 for s in TurnState}
+    alive = sum(1 for at in beats if at > now_ms - int(settings.lease_ttl_s * 1000))
+    by_state = {str(s): 0 for s in TurnState if not s.terminal}
     by_state.update(turns)
-    by_state.update(finished)
     return {
         "serverTimeMs": now_ms,
         "turns": by_state,
-        "finishedCountsFrom": (
-            f"turn records, kept AGENTJOBS_RECORD_TTL_S ({settings.record_ttl_s} s) after a "
-            "turn ends"
-        ),
         "deadLetters": {"total": sum(reasons.values()), "byReason": dict(sorted(reasons.items()))},
         "retriesDueNow": due_now,
         # Due more than OVERDUE_PUMP_INTERVALS ago and not yet taken by a pump.
         "retriesOverdue": overdue,
         "oldestQueuedAgeS": max(queued_ages) / 1000 if queued_ages else None,
         "oldestDueRetryAgeS": (now_ms - oldest_due_ms) / 1000 if oldest_due_ms else None,
+        # The longest a turn that could run now has waited for a worker: a queued turn at the
+        # head of its conversation since it became the head, or a retry since it was due.
+        "oldestRunnableAgeS": max(runnable_ages) / 1000 if runnable_ages else None,
         "pump": {
             "lastHeartbeatMs": heartbeat_ms,
             "lastHeartbeatAgeS": heartbeat_age_s,
             "mayBeDown": pump_silent,
         },
+        # Heartbeats within a lease lifetime; the pump removes a silent worker's.
+        "workers": {"alive": alive, "silent": len(beats) - alive},
+        # What the scripts counted since the store began (tasks/keys.py, ShardKeys.counters).
+        "counters": dict(sorted(counters.items())),
+    }
+
+
+def stats(ctx: JobContext) -> dict[str, Any]:
+    """live_stats, with the finished turns by state counted from the records kept, as one
+    JSON-ready dict (camelCase keys, ages in seconds)."""
+    figures = live_stats(ctx)
+    finished: Counter[str] = Counter(
+        str(r.state) for r in iter_turns(ctx) if str(r.state) not in _INDEX_OF_STATE
+    )
+    by_state = {str(s): 0 for s in TurnState}
+    by_state.update(figures.pop("turns"))
+    by_state.update(finished)
+    kept = ctx.settings.record_ttl_s
+    return {
+        "serverTimeMs": figures.pop("serverTimeMs"),
+        "turns": by_state,
+        "finishedCountsFrom": (
+            f"turn records, kept AGENTJOBS_RECORD_TTL_S ({kept} s) after a turn ends"
+        ),
+        **figures,
     }
 
 

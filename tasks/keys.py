@@ -99,6 +99,15 @@ class ShardKeys:
         return f"{self.tag}:dlq"
 
     @property
+    def counters(self) -> str:
+        """Hash counter name -> count since the store began: what the shard's scripts did
+        (finished:<state>, dead_lettered:<reason>, submitted, retries_scheduled, lease_takeovers,
+        handovers), each counted in the script that did it (tasks/lua/common.lua, `count`).
+        Kept forever; `agentjobs metrics` adds the shards up (tasks/metrics.py). The scripts
+        name it from the shard's turn key, as `{tag}:counters`."""
+        return f"{self.tag}:counters"
+
+    @property
     def dead_letter_index(self) -> str:
         """Sorted set entry_id -> last failure time (server epoch ms), for listing in order."""
         return f"{self.tag}:dlq:index"

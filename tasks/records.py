@@ -142,6 +142,10 @@ class TurnRecord:
     # A person's decisions by request id (the body tasks/pauses.py wrote) and who made them.
     decisions: dict[str, bytes] = field(default_factory=dict)
     deciders: dict[str, str] = field(default_factory=dict)
+    # W3C trace context (JSON carrier) its attempts' spans join (tasks/telemetry.py), or "".
+    trace: str = ""
+    # When a queued turn became the head of its conversation (runnable); 0 while behind one.
+    runnable_at_ms: int = 0
 
     @classmethod
     def from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
@@ -196,6 +200,8 @@ class TurnRecord:
                 for name, value in fields.items()
                 if name.startswith("decided_by:")
             },
+            trace=fields.get("trace", ""),
+            runnable_at_ms=_int(fields, "runnable_at_ms"),
         )
 
     def as_dict(self, progress: AgentRunCheckpoint | None = None) -> dict[str, Any]:
@@ -313,12 +319,14 @@ class TurnRecords:
         checkpoint: bytes = b"",
         replay_of: str = "",
         deadline_s: float = 0,
+        trace: str = "",
     ) -> Registered:
-        """Record a submitted turn and queue it behind its conversation's earlier turns.
-        A turn id already recorded is left as it is."""
+        """Record a submitted turn and queue it behind its conversation's earlier turns, with
+        the trace context its attempts join (`trace`, tasks/telemetry.py). A turn id already
+        recorded is left as it is."""
         k = self._keys.for_namespace(namespace)
         args: list[Any] = [turn_id, payload, agent, conversation_id, namespace, checkpoint]
-        args += [replay_of, int(deadline_s * 1000)]
+        args += [replay_of, int(deadline_s * 1000), trace]
         keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id), k.deadlines]
         created = int(self._run("register", keys, args))
         return {1: Registered.CREATED, 0: Registered.EXISTS}.get(created, Registered.CONFLICT)
@@ -439,6 +447,13 @@ class TurnRecords:
         keys = [k.turn(turn_id), k.events(turn_id), k.deadlines, k.pauses, k.pending]
         reply = self._run("decide", keys, [turn_id, request_id, decision, body, actor, event])
         return [_text(item) for item in reply]
+
+    def keep_trace(self, turn_id: str, namespace: str, token: str, trace: str) -> str | None:
+        """Record `trace` as the context the turn's attempts join, unless one is recorded;
+        returns the one recorded, or None when the lease is no longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        kept = self._run("trace", [k.turn(turn_id), k.lease(namespace)], [turn_id, token, trace])
+        return _text(kept) if kept else None
 
     def write_journal(
         self,

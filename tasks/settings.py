@@ -84,6 +84,9 @@ class Settings:
     openai_base_url: str | None = None
     anthropic_api_key: str = field(default="", repr=False)
     anthropic_base_url: str | None = None
+    # Message content (the turn's message and answer, tool arguments and results, redacted) on
+    # the OpenTelemetry spans of turns (tasks/telemetry.py): off, since content may be private.
+    otel_capture_content: bool = False
 
 
 def load_settings(
@@ -134,6 +137,7 @@ def load_settings(
         openai_base_url=env.http_url("OPENAI_BASE_URL"),
         anthropic_api_key=env.api_key("ANTHROPIC_API_KEY"),
         anthropic_base_url=env.http_url("ANTHROPIC_BASE_URL"),
+        otel_capture_content=env.flag("AGENTJOBS_OTEL_CAPTURE_CONTENT", False),
     )
     if settings.backoff_max_s < settings.backoff_base_s:
         raise SettingsError(
@@ -204,6 +208,16 @@ class _Environment:
                 f"{variable} must be one of {', '.join(choices)}, got {self.raw(variable)!r}"
             )
         return value
+
+    def flag(self, variable: str, default: bool) -> bool:
+        value = self.raw(variable)
+        if value is None:
+            return default
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"{variable} must be 1 or 0 (or true/false, yes/no), got {value!r}")
 
     def seconds(self, variable: str, default: float) -> float:
         value = self.raw(variable)

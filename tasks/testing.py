@@ -31,7 +31,7 @@ import redis
 # here unless told otherwise (agent factories import from a worker's working directory).
 ROOT = Path(__file__).resolve().parents[1]
 # What each Procfile process logs once it is ready.
-READY = {"worker": "ready.", "pump": "pump started"}
+READY = {"worker": "ready.", "pump": "pump started", "metrics": "serving metrics on"}
 
 
 def free_port() -> int:

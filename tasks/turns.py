@@ -78,6 +78,8 @@ from tasks.registry import build_agent
 from tasks.results import PAUSED, RUNNING, WAITING, report_state, write_final_result
 from tasks.retry import backoff_delay_s
 from tasks.store import envelope_bytes
+from tasks.telemetry import AttemptTrace, current_trace
+from tasks.telemetry import attempt as trace_attempt
 
 logger = logging.getLogger("agentjobs.turns")
 
@@ -165,6 +167,7 @@ def register_turn(
         checkpoint=checkpoint,
         replay_of=replay_of,
         deadline_s=deadline_s,
+        trace=current_trace() or "",  # the submitter's trace: every attempt joins it
     )
     return namespace, registered
 
@@ -308,7 +311,10 @@ def drive_turn(
             logger.info("turn %s not run by this delivery: %s", turn_id, claim.status)
             raise Ignore()
         turn = _Turn(ctx, claim.record, token=token, stored=claim.stored)
-        with ctx.leases.holding(turn_id, namespace, token, on_renewed=turn.report_running):
+        with (
+            trace_attempt(ctx, claim.record, token) as turn.trace,
+            ctx.leases.holding(turn_id, namespace, token, on_renewed=turn.report_running),
+        ):
             return turn.finish(turn.attempt_once())
     except redis.RedisError as exc:
         # Redis is unreachable: nothing can be recorded now. The turn's lease runs out and the
@@ -374,6 +380,8 @@ class _Turn:
         self.report_lock = threading.Lock()
         self.outcome_decided = False
         self.reported_iteration = 0
+        # The attempt's spans (tasks/telemetry.py), fed by the hooks; None when not tracing.
+        self.trace: AttemptTrace | None = None
 
     def attempt_once(self) -> Decision:
         settings = self.ctx.settings
@@ -413,6 +421,10 @@ class _Turn:
         """Write the outcome; returns the reply or raises what Celery should see."""
         with self.report_lock:
             self.outcome_decided = True
+        if self.trace is not None:
+            answer = self.result.content if self.result is not None else ""
+            reason = str(decision.reason or "")
+            self.trace.outcome(str(decision.outcome), decision.error, reason, answer)
         if decision.outcome is Outcome.IGNORE:
             self._repair_result()
         if decision.outcome is Outcome.HAND_OVER:
@@ -484,6 +496,8 @@ class _Turn:
         claim at once): a cancelled, overdue or taken-over turn stops here, before it pays for
         another call; on a worker that is shutting down, the turn is handed over here."""
         if report.phase is not ModelCallPhase.STARTED:
+            if self.trace is not None:
+                self.trace.model_call(report)
             return
         self.model_calls += 1
         if self.ctx.leases.draining:
@@ -492,12 +506,16 @@ class _Turn:
             self.turn_id, self.namespace, self.token, self.ctx.settings.lease_ttl_s
         ):
             raise LeaseLost(self.turn_id)
+        if self.trace is not None:  # past the check point: the call is made
+            self.trace.model_call(report)
 
     def response(self, report: ResponseReport) -> None:
         """Journal a model response before any of its tools runs (tasks/journal.py): it goes
         with the first call's start, in the same write, so the journal costs no round trip."""
         with self.journal_lock:
             self.unwritten_response = response_fields(report)
+        if self.trace is not None:
+            self.trace.response(report)
 
     def tool_call(self, report: ToolCallReport) -> None:
         """Journal a tool call's start (its key and attempt) or outcome, with its event in
@@ -509,6 +527,8 @@ class _Turn:
         data: dict[str, Any] = {"tool": report.tool, "toolCallId": report.tool_call_id}
         if report.phase is ToolCallPhase.FINISHED:
             data["ok"] = bool(report.ok)
+            if self.trace is not None:
+                self.trace.tool_call(report)
         # Held while writing: a parallel call starts only once the response is journaled.
         with self.journal_lock:
             fields = {**(self.unwritten_response or {}), **call_fields(report)}
@@ -522,6 +542,8 @@ class _Turn:
             ):
                 raise LeaseLost(self.turn_id)
             self.unwritten_response = None
+        if report.phase is ToolCallPhase.STARTED and self.trace is not None:
+            self.trace.tool_call(report)  # the start is journaled: the call runs
 
     def _pause(self, pause: RunPause) -> None:
         """Hold the turn for a person (tasks/pauses.py): its progress, its paused iteration

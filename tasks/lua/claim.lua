@@ -18,6 +18,9 @@ if redis.call('LINDEX', queue_key, 0) ~= turn_id then return {'not_head'} end
 if redis.call('EXISTS', lease_key) == 1 then return {'busy'} end
 
 redis.call('SET', lease_key, lease_value(turn_id, token), 'PX', lease_ms)
+-- Still `running` with no lease: its worker stopped renewing (died, stalled, lost Redis), and
+-- this claim takes the turn over.
+if state == 'running' then count(turn_key, 'lease_takeovers') end
 -- A start after a handover (handover.lua) goes on with the delivery that handed it over: only
 -- starts after a crash count toward `poison`.
 local deliveries

@@ -28,6 +28,22 @@ local function is_terminal(state)
   return state == 'succeeded' or state == 'dead_lettered' or state == 'cancelled'
 end
 
+-- Count one thing a script did in its shard's counters hash (tasks/keys.py, ShardKeys.counters),
+-- in the same step as the change it counts. The hash is named from any turn key of the shard
+-- ('{prefix}:{<shard>}:turn:<id>', the prefix has no braces): one slot with the keys the script
+-- holds, and no script's KEYS change for it.
+local function count(turn_key, name, by)
+  redis.call('HINCRBY', string.match(turn_key, '^(.-}):turn:') .. ':counters', name, by or 1)
+end
+
+-- When a queued turn became runnable (the head of its conversation, nothing running ahead of
+-- it): `agentjobs metrics` reports the oldest such turn's age (tasks/inspect.py).
+local function mark_runnable(turn_key, now)
+  if redis.call('EXISTS', turn_key) == 1 then
+    redis.call('HSET', turn_key, 'runnable_at_ms', now)
+  end
+end
+
 -- The keys end_turn reads, in the order tasks/records.py passes them first.
 local function ending_keys()
   return {turn = KEYS[1], lease = KEYS[2], running = KEYS[3], queue = KEYS[4],
@@ -87,10 +103,14 @@ end
 -- End a turn: mark it `state` with `fields`, drop it from every live index, release its lease
 -- (when it held it), take it off its conversation's queue, write its terminal event and mark
 -- the next head as woken now. Returns the next head's turn id and agent, or false. The one
--- place a turn ends.
+-- place a turn ends, so the one place endings are counted.
 local function end_turn(k, turn_id, state, now, fields, event_type, event_data)
   redis.call('HSET', k.turn, 'state', state, 'finished_at_ms', now, 'updated_at_ms', now,
     unpack(fields))
+  count(k.turn, 'finished:' .. state)
+  if state == 'dead_lettered' then
+    count(k.turn, 'dead_lettered:' .. (redis.call('HGET', k.turn, 'reason') or ''))
+  end
   clear_journal(k.turn)
   keep_base(k.turn, k.conversation)
   emit(k.events, k.turn, now, event_type, event_data)
@@ -106,5 +126,6 @@ local function end_turn(k, turn_id, state, now, fields, event_type, event_data)
   local head = redis.call('LINDEX', k.queue, 0)
   if not head then return false end
   redis.call('ZADD', k.pending, 'XX', now, head)
+  mark_runnable(k.turn_prefix .. head, now)
   return {head, redis.call('HGET', k.turn_prefix .. head, 'agent') or ''}
 end

@@ -41,6 +41,7 @@ if left then
   redis.call('ZADD', deadlines_key, deadline, turn_id)
 end
 redis.call('ZADD', pending_key, now, turn_id)
+mark_runnable(turn_key, now)
 emit(events_key, turn_key, now, 'turn.resumed', {})
 local named = redis.call('HMGET', turn_key, 'agent', 'conversation_id')
 return {'resumed', named[1] or '', named[2] or ''}

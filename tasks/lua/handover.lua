@@ -12,6 +12,8 @@ if not holds_lease(lease_key, turn_id, token) then return {'lost'} end
 local now = now_ms()
 redis.call('HSET', turn_key, 'state', 'queued', 'handed_over', 1, 'updated_at_ms', now)
 redis.call('HINCRBY', turn_key, 'handovers', 1)
+mark_runnable(turn_key, now)
+count(turn_key, 'handovers')
 redis.call('HDEL', turn_key, 'token')
 redis.call('DEL', lease_key)
 redis.call('ZREM', running_key, turn_id)

@@ -35,5 +35,6 @@ redis.call('HDEL', turn_key, 'token')
 redis.call('DEL', lease_key)
 redis.call('ZREM', running_key, turn_id)
 redis.call('ZADD', pauses_key, expires, turn_id)
+count(turn_key, 'pauses')
 emit_json(events_key, turn_key, now, 'turn.paused', '{"pending":' .. requests .. '}')
 return expires

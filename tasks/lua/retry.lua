@@ -17,6 +17,7 @@ redis.call('HSET', turn_key, 'state', 'waiting', 'due_at_ms', due, 'attempt', ne
 redis.call('HSETNX', turn_key, 'first_failed_at_ms', now)
 redis.call('HDEL', turn_key, 'token')
 redis.call('ZADD', retries_key, due, turn_id)
+count(turn_key, 'retries_scheduled')
 redis.call('DEL', lease_key)
 redis.call('ZREM', running_key, turn_id)
 return due

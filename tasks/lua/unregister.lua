@@ -5,6 +5,7 @@ local turn_id = ARGV[1]
 
 if redis.call('HGET', turn_key, 'state') ~= 'queued' then return 0 end
 redis.call('DEL', turn_key, events_key)
+count(turn_key, 'submitted', -1)  -- never submitted after all
 redis.call('LREM', queue_key, 1, turn_id)
 redis.call('ZREM', pending_key, turn_id)
 redis.call('ZREM', deadlines_key, turn_id)

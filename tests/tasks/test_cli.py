@@ -403,6 +403,10 @@ def test_stats_and_turn_show_say_the_pump_may_be_down_when_a_retry_is_overdue(
     assert "overdue" not in cli("stats")
 
 
+# Commands that run until stopped.
+PROCESSES = ("pump", "demo", "metrics")
+
+
 def operating_lines() -> list[str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("## Operating it", 1)[1].split("\n## ", 1)[0]
@@ -455,7 +459,7 @@ def test_readme_operating_it_runs_as_written(make_jobs: Any) -> None:
     for line in lines:
         words = shlex.split(line)
         assert words[0] == "agentjobs", line
-        if words[1:] in (["pump"], ["demo"]):  # processes: tested by their own tests
+        if words[1] in PROCESSES:  # processes: tested by their own tests
             cli(words[1], "--help")
             continue
         if words[1:3] in (["turn", "approve"], ["turn", "reject"], ["turn", "answer"]):
@@ -469,7 +473,7 @@ def test_readme_operating_it_runs_as_written(make_jobs: Any) -> None:
             output = cli(*[values.get(word, word) for word in args])
             assert output.strip(), line
             ran.append(args)
-    assert len(ran) >= 2 * (len(lines) - 5)
+    assert len(ran) >= 2 * (len(lines) - len(PROCESSES) - 3)
     # and the lines did what they say: every dead letter was replayed or purged
     assert orjson.loads(cli("dlq", "list", "--json")) == []
     assert job_context().records.get(spent[1].entry_id.removeprefix("dl-")).replayed_as

@@ -54,6 +54,12 @@ def test_the_registry_is_merged_with_agentjobs_agents_which_wins() -> None:
     }, "the registry given is not changed"
 
 
+def test_content_capture_is_off_unless_turned_on() -> None:
+    assert load_settings({}).otel_capture_content is False
+    assert load_settings({"AGENTJOBS_OTEL_CAPTURE_CONTENT": "1"}).otel_capture_content is True
+    assert load_settings({"AGENTJOBS_OTEL_CAPTURE_CONTENT": "false"}).otel_capture_content is False
+
+
 def test_a_blank_value_counts_as_unset() -> None:
     settings = load_settings({"AGENTJOBS_MAX_ATTEMPTS": "", "AGENTJOBS_LEASE_TTL_S": "  "})
     assert settings.max_attempts == 5 and settings.lease_ttl_s == 9
@@ -119,6 +125,11 @@ def test_a_blank_value_counts_as_unset() -> None:
             "OPENAI_API_KEY contains characters that cannot go in an HTTP",
         ),
         ("ANTHROPIC_API_KEY", "k\x00", "ANTHROPIC_API_KEY contains characters"),
+        (
+            "AGENTJOBS_OTEL_CAPTURE_CONTENT",
+            "maybe",
+            "AGENTJOBS_OTEL_CAPTURE_CONTENT must be 1 or 0",
+        ),
     ],
 )
 def test_a_bad_value_is_refused_by_its_variable_name(
@@ -230,3 +241,14 @@ def code_outside_settings() -> str:
 @pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(Settings)])
 def test_every_setting_is_used(name: str) -> None:
     assert re.search(rf"\.{name}\b", code_outside_settings()), f"Settings.{name} is never read"
+
+
+def test_every_variable_is_in_the_readmes_settings_tables() -> None:
+    source = (ROOT / "tasks/settings.py").read_text()
+    variables = set(re.findall(r'env\.\w+\(\s*"([A-Z][A-Z0-9_]+)"', source))
+    assert {"REDIS_URL", "AGENTJOBS_OTEL_CAPTURE_CONTENT"} <= variables
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    tables = readme.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in tables.splitlines() if line.startswith("| `")]
+    missing = {v for v in variables if not any(f"`{v}`" in row for row in rows)}
+    assert not missing, f"README's settings tables lack {sorted(missing)}"
