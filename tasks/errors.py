@@ -7,6 +7,7 @@
     ├── PoisonTurn                a turn whose worker died every time it ran
     ├── AgentUnavailable          a registered agent whose factory failed
     ├── DeadlineExceeded          a turn still unfinished at its deadline
+    ├── StateLost                 a message whose turn record the state store lost (tasks/state.py)
     └── LeaseLost                 another worker took the conversation over, or the turn was
         │                         cancelled (this delivery stops writing)
         └── HandedOver            this worker is shutting down: the run stops at a check point
@@ -36,6 +37,7 @@ class Reason(StrEnum):
     MESSAGE_DENIED = "message_denied"
     AGENT_UNAVAILABLE = "agent_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    STATE_LOST = "state_lost"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -107,6 +109,19 @@ class DeadlineExceeded(JobError):
         super().__init__(
             f"turn {turn_id} was still {state} at its deadline (run_turn's deadline_s, default "
             "AGENTJOBS_TURN_DEADLINE_S); its conversation moved on"
+        )
+
+
+class StateLost(JobError):
+    code = "ERR_STATE_LOST"
+    reason = Reason.STATE_LOST
+
+    def __init__(self, turn_id: str, why: str) -> None:
+        self.turn_id = turn_id
+        super().__init__(
+            f"turn {turn_id} has a message but no record: the state store lost its data ({why}); "
+            "it was not run on what is left of its conversation. The entry keeps what the "
+            "message carried; replay it to run that message on the conversation as it is now"
         )
 
 
