@@ -14,6 +14,7 @@ Locally a missing RabbitMQ skips its topology with the reason; in CI (CI set) it
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -386,3 +387,46 @@ def test_a_store_restarted_empty_is_refused_not_reused(scaled: Scaled) -> None:
     # A new turn after the loss runs as usual, under the new epoch
     after = run_turn.delay(agent="demo", conversation_id="c-after", message="fresh")
     assert after.get(timeout=30)["turnNumber"] == 1
+
+
+@pytest.mark.parametrize("topology", ["rabbitmq"], indirect=True)
+def test_a_failover_that_lost_the_last_writes_is_refused(
+    scaled: Scaled, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the state on a Sentinel group whose replica has everything but the last write (it
+    # is stopped while a turn registers), and the turn's message safe in RabbitMQ
+    group = SentinelGroup(tmp_path / "sentinel").start()
+    try:
+        assert group.master is not None and group.replica is not None
+        scaled.env["AGENTJOBS_STATE_URL"] = group.url
+        monkeypatch.setenv("AGENTJOBS_STATE_URL", group.url)
+        reset()
+        job_context().epoch.current()  # the epoch exists, and is replicated
+        replica = redis.Redis(port=group.replica.port)
+        wait_until(lambda: replica.exists(job_context().keys.epoch), 10, "the epoch replicated")
+        replica_pid = group.replica.process.pid if group.replica.process else 0
+        os.kill(replica_pid, signal.SIGSTOP)
+        try:
+            # Cut the link too: what the master sent before stays in the stopped replica's
+            # socket buffer and would still arrive; after this nothing does.
+            redis.Redis(port=group.master.port).client_kill_filter(_type="replica")
+            lost = run_turn.delay(agent="demo", conversation_id="c-fo", message="last write")
+            group.master.kill()
+        finally:
+            os.kill(replica_pid, signal.SIGCONT)
+        old_port = group.master.port
+        wait_until(lambda: group.master_port() != old_port, 30, "the replica promoted")
+
+        # When a worker takes the message from the promoted replica's store
+        worker = scaled.worker()
+
+        # Then the turn is dead-lettered as state_lost, not run as if new
+        with pytest.raises(TurnDeadLettered) as refused:
+            lost.get(timeout=30)
+        assert refused.value.reason == "state_lost"
+        assert "writes were lost" in worker.log()
+        assert load_conversation("c-fo") is None
+    finally:
+        for process in scaled.processes:  # before their state goes
+            process.stop()
+        group.stop()
