@@ -8,6 +8,7 @@ import sys
 from kombu import Exchange, Queue
 
 from tasks.settings import SettingsError, load_settings
+from tasks.state import celery_sentinel
 
 # Agents by name: "name": "module:factory" (a factory takes no arguments and returns an
 # agent.Agent; the module imports from the worker's working directory, as `celery -A` does).
@@ -23,8 +24,19 @@ except SettingsError as bad:
         sys.exit(f"agentjobs: {bad}")
     raise
 
-broker_url = _settings.broker_url
-result_backend = _settings.result_backend
+# A redis+sentinel:// URL becomes Celery's sentinel:// spelling with the master's name as a
+# transport option; RabbitMQ (amqp://) and plain Redis URLs pass as they are.
+broker_url, broker_transport_options = celery_sentinel(_settings.broker_url, "CELERY_BROKER_URL")
+result_backend, _backend_sentinel = celery_sentinel(
+    _settings.result_backend, "CELERY_RESULT_BACKEND"
+)
+# Celery reads CELERY_BROKER_URL and CELERY_RESULT_BACKEND from the environment itself, and
+# they win over broker_url and result_backend: a translated URL is given where it wins instead
+# (the broker's read and write URLs; the backend through tasks/app.py).
+if broker_transport_options:
+    broker_read_url = broker_write_url = broker_url
+if _backend_sentinel:
+    agentjobs_result_backend = result_backend
 broker_connection_retry_on_startup = True
 
 # JSON only, never pickle: orjson under its own content type, stdlib json still accepted.
@@ -36,7 +48,10 @@ result_accept_content = ["orjson", "json"]
 # Results live as long as turn records, under the key prefix (another deployment's results,
 # under its own prefix, never meet ours), without the extended fields nothing reads.
 result_expires = _settings.record_ttl_s
-result_backend_transport_options = {"global_keyprefix": f"{_settings.key_prefix}:"}
+result_backend_transport_options = {
+    "global_keyprefix": f"{_settings.key_prefix}:",
+    **_backend_sentinel,
+}
 result_extended = False
 
 # Remote control (ping, inspect, mingle) and events on exchanges of our own, in JSON (the

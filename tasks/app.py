@@ -67,6 +67,15 @@ app = Celery("agentjobs", control=JSONControl)
 app.config_from_object("celeryconfig")
 
 
+@app.on_after_configure.connect  # type: ignore[untyped-decorator]
+def _translated_backend(sender: Celery, source: Any, **_: Any) -> None:
+    # A redis+sentinel:// CELERY_RESULT_BACKEND in Celery's spelling (celeryconfig.py): the
+    # app's backend class wins over the environment variable, which Celery reads itself.
+    translated = source.get("agentjobs_result_backend")
+    if translated:
+        sender.backend_cls = translated
+
+
 @after_setup_logger.connect  # type: ignore[untyped-decorator]
 @after_setup_task_logger.connect  # type: ignore[untyped-decorator]
 def _redact_logs(logger: Any, **_: Any) -> None:

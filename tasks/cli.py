@@ -213,12 +213,35 @@ def stats(as_json: bool) -> None:
             else "no heartbeat (no pump has run in AGENTJOBS_RECORD_TTL_S)"
         )
     )
+    _echo_state(figures["state"])
     if figures["retriesOverdue"] and pump["mayBeDown"]:
         late_s = OVERDUE_PUMP_INTERVALS * ctx.settings.pump_interval_s
         click.echo(
             f"overdue        {_plural(figures['retriesOverdue'], 'waiting turn', 'waiting turns')}"
             f" due more than {human_s(late_s)} ago: the pump may be down; start it with "
             "`agentjobs pump`"
+        )
+
+
+def _at_s(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="seconds")
+
+
+def _echo_state(state: dict[str, Any]) -> None:
+    """The state store's lines of `stats`: its epoch, and plainly, any loss on record."""
+    epoch = state["epoch"] or {}
+    since = _at_s(int(epoch.get("createdAtMs", 0))) if epoch else "-"
+    click.echo(f"state store    {state['store']}, epoch {epoch.get('id', '-')} since {since}")
+    for loss in state["losses"]:
+        click.echo(
+            f"STATE LOST     the store lost its data: epoch {loss['lostEpoch']} was replaced by "
+            f"{loss['epoch']} (noticed {_at_s(int(loss['detectedAtMs']))} by "
+            f"{loss['detectedBy'] or 'a process'}); turns from before it are gone"
+        )
+    if state["stateLostTurns"]:
+        click.echo(
+            f"STATE LOST     {_plural(state['stateLostTurns'], 'turn', 'turns')} dead-lettered "
+            "as state_lost: `agentjobs dlq list --reason state_lost`"
         )
 
 

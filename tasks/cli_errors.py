@@ -28,6 +28,7 @@ import redis
 from kombu.exceptions import OperationalError as BrokerUnreachable
 
 from tasks.settings import SettingsError
+from tasks.state import parse_state_url
 
 _USERINFO = re.compile(r"(\w[\w+.-]*://)[^/@\s]*@")
 
@@ -47,9 +48,13 @@ def _configured_redis() -> str:
     from tasks.context import job_context
 
     try:
-        return redis_location(job_context().settings.redis_url)
+        settings = job_context().settings
     except SettingsError:
         return "(REDIS_URL)"
+    if settings.state_url == settings.redis_url:
+        return redis_location(settings.redis_url)
+    # AGENTJOBS_STATE_URL's store: a cluster, a Sentinel master, or another Redis.
+    return parse_state_url(settings.state_url).describe()
 
 
 def _why(exc: BaseException) -> str:

@@ -9,32 +9,31 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import redis
-
 from tasks.app import app
 from tasks.deadletter import DeadLetterStore
 from tasks.keys import Keys
 from tasks.leases import LeaseKeeper
 from tasks.records import TurnRecords
 from tasks.settings import Settings, load_settings
+from tasks.state import StateClient, StateEpoch, connect, parse_state_url
 from tasks.store import ConversationStore
 
 
 @dataclass(frozen=True)
 class JobContext:
     settings: Settings
-    redis: redis.Redis
+    # The state store (AGENTJOBS_STATE_URL): one Redis, a Cluster, or a Sentinel group's master.
+    redis: StateClient
     keys: Keys
     records: TurnRecords
     store: ConversationStore
     dead_letters: DeadLetterStore
     leases: LeaseKeeper
+    epoch: StateEpoch
 
 
 def build_context(settings: Settings) -> JobContext:
-    client = redis.Redis.from_url(
-        settings.redis_url, health_check_interval=30, socket_keepalive=True
-    )
+    client = connect(parse_state_url(settings.state_url))
     keys = Keys(settings.key_prefix, settings.index_shards)
     records = TurnRecords(client, keys)
     store = ConversationStore(client, keys)
@@ -46,6 +45,7 @@ def build_context(settings: Settings) -> JobContext:
         store=store,
         dead_letters=DeadLetterStore(client, records, store, settings.record_ttl_s),
         leases=LeaseKeeper(records, settings.lease_ttl_s),
+        epoch=StateEpoch(client, keys.epoch, keys.epochs_lost),
     )
 
 

@@ -22,12 +22,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-import redis
 
 from agent import AgentError
 from tasks.errors import JobError
 from tasks.records import Ended, TurnRecord, TurnRecords
 from tasks.redact import redact
+from tasks.state import StateClient
 from tasks.store import ConversationStore
 
 
@@ -101,7 +101,7 @@ class Replayed:
 class DeadLetterStore:
     def __init__(
         self,
-        client: redis.Redis,
+        client: StateClient,
         records: TurnRecords,
         store: ConversationStore,
         record_ttl_s: int,

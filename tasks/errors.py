@@ -8,6 +8,7 @@
     ├── AgentUnavailable          a registered agent whose factory failed
     ├── DeadlineExceeded          a turn still unfinished at its deadline
     ├── PauseExpired              a paused turn nobody decided on within the pause TTL
+    ├── StateLost                 a message whose turn record the state store lost (tasks/state.py)
     └── LeaseLost                 another worker took the conversation over, or the turn was
         │                         cancelled (this delivery stops writing)
         └── HandedOver            this worker is shutting down: the run stops at a check point
@@ -40,6 +41,7 @@ class Reason(StrEnum):
     AGENT_UNAVAILABLE = "agent_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     PAUSE_EXPIRED = "pause_expired"
+    STATE_LOST = "state_lost"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -135,6 +137,19 @@ class ActionConflict(JobError, ValueError):
         self.request_id = request_id
         self.problem = problem
         super().__init__(f"turn {turn_id}, request {request_id}: {problem}")
+
+
+class StateLost(JobError):
+    code = "ERR_STATE_LOST"
+    reason = Reason.STATE_LOST
+
+    def __init__(self, turn_id: str, why: str) -> None:
+        self.turn_id = turn_id
+        super().__init__(
+            f"turn {turn_id} has a message but no record: the state store lost its data ({why}); "
+            "it was not run on what is left of its conversation. The entry keeps what the "
+            "message carried; replay it to run that message on the conversation as it is now"
+        )
 
 
 class LeaseLost(JobError):

@@ -22,6 +22,7 @@ from agent import AgentError, AgentRunCheckpoint
 from tasks.context import JobContext
 from tasks.errors import JobError
 from tasks.records import TurnRecord, TurnState
+from tasks.state import parse_state_url
 from tasks.store import namespace_for
 
 # The record fields a listing needs: never the checkpoint, payload or result (they are large).
@@ -258,6 +259,22 @@ def stats(ctx: JobContext) -> dict[str, Any]:
             f"turn records, kept AGENTJOBS_RECORD_TTL_S ({kept} s) after a turn ends"
         ),
         **figures,
+        "state": state_store(
+            ctx, state_lost_turns=figures["deadLetters"]["byReason"].get("state_lost", 0)
+        ),
+    }
+
+
+def state_store(ctx: JobContext, *, state_lost_turns: int) -> dict[str, Any]:
+    """Where the state lives, its epoch and the losses on record (tasks/state.py)."""
+    ctx.epoch.current()  # a store without an epoch gets one: stats show what workers see
+    info = ctx.epoch.info()
+    return {
+        "store": parse_state_url(ctx.settings.state_url).describe(),
+        "epoch": info["epoch"],
+        "losses": info["losses"],
+        "lost": bool(info["losses"]) or state_lost_turns > 0,
+        "stateLostTurns": state_lost_turns,
     }
 
 

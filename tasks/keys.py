@@ -3,7 +3,8 @@
 Layout, ready for a Redis Cluster (docs/operations.md, "Scale out"):
 
     {prefix}:{<shard>}:...     everything one conversation touches, and the indices of its shard
-    {prefix}:...               a few single-key values (replay markers, the worker presence hash)
+    {prefix}:...               a few single-key values (replay markers, the worker presence hash,
+                               the store's epoch)
 
 A conversation belongs to one of `shards` shards (crc32 of its namespace). The `{<shard>}` hash
 tag puts its envelope, queue, lease, turn records and its shard's indices (due retries, running
@@ -162,3 +163,15 @@ class Keys:
         """String: the server time (epoch ms) of the last pump tick that completed, any pump's.
         Kept record_ttl_s, so `agentjobs stats` can tell how long ago a pump last ran."""
         return f"{self.prefix}:pump:heartbeat"
+
+    @property
+    def epoch(self) -> str:
+        """String: JSON {id, createdAtMs}, the store's epoch (tasks/state.py), created once by
+        the first process that finds none. Kept forever: a store without it lost its data."""
+        return f"{self.prefix}:epoch"
+
+    @property
+    def epochs_lost(self) -> str:
+        """Hash lost epoch id -> JSON of how the loss was noticed (tasks/state.py, Loss), for
+        `agentjobs stats`. Kept forever: it is the record that turns were lost."""
+        return f"{self.prefix}:epoch:lost"

@@ -206,6 +206,7 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
         started = time.monotonic()
         try:
             tick = pump_once(ctx, backlog)
+            ctx.epoch.check("pump")  # tasks/state.py: a store that lost its data
             ctx.redis.set(
                 ctx.keys.pump_heartbeat, ctx.records.server_time_ms(), ex=ctx.settings.record_ttl_s
             )

@@ -37,12 +37,12 @@ from importlib import resources
 from typing import Any
 
 import orjson
-import redis
 from redis.commands.core import Script
 
 from agent import AgentRunCheckpoint
 from tasks.keys import Keys, ShardKeys
 from tasks.progress import progress_checkpoint
+from tasks.state import StateClient
 
 
 class TurnState(StrEnum):
@@ -278,7 +278,7 @@ def _source(name: str) -> str:
 class TurnRecords:
     """The turn records and the conversation queues and leases that go with them."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: StateClient, keys: Keys) -> None:
         self._redis = client
         self._keys = keys
         self._scripts: dict[str, Script] = {}

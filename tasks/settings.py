@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
+from tasks.state import CLUSTER_SCHEME, SENTINEL_SCHEME, StateURLError, parse_state_url
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 PROVIDERS = ("scripted", "openai", "anthropic")
 # Redis Cluster has 16384 hash slots: more index shards than that cannot spread further.
@@ -42,6 +44,9 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = DEFAULT_REDIS_URL
+    # Where turn records, conversations, dead letters and events live (tasks/state.py): one
+    # Redis, a Redis Cluster or a Sentinel group's master.
+    state_url: str = DEFAULT_REDIS_URL
     broker_url: str = DEFAULT_REDIS_URL
     result_backend: str = DEFAULT_REDIS_URL
     key_prefix: str = "agentjobs"
@@ -104,8 +109,9 @@ def load_settings(
     agents.update(parse_agents(env.text("AGENTJOBS_AGENTS", "")))
     settings = Settings(
         redis_url=redis_url,
-        broker_url=env.url("CELERY_BROKER_URL", redis_url),
-        result_backend=env.url("CELERY_RESULT_BACKEND", redis_url),
+        state_url=env.state_url("AGENTJOBS_STATE_URL", redis_url),
+        broker_url=env.celery_url("CELERY_BROKER_URL", redis_url),
+        result_backend=env.celery_url("CELERY_RESULT_BACKEND", redis_url),
         key_prefix=key_prefix,
         max_attempts=env.count("AGENTJOBS_MAX_ATTEMPTS", Settings.max_attempts),
         backoff_base_s=env.seconds("AGENTJOBS_BACKOFF_BASE_S", Settings.backoff_base_s),
@@ -258,6 +264,31 @@ class _Environment:
         if not scheme or "://" not in value or (schemes and scheme not in schemes):
             kinds = " or ".join(f"{s}://" for s in schemes) if schemes else "scheme://"
             raise SettingsError(f"{variable} must be a {kinds} URL (value not shown)")
+        return value
+
+    def state_url(self, variable: str, default: str) -> str:
+        value = self.raw(variable)
+        if value is None:
+            return default
+        try:
+            parse_state_url(value, variable)
+        except StateURLError as bad:
+            raise SettingsError(str(bad)) from None
+        return value
+
+    def celery_url(self, variable: str, default: str) -> str:
+        """A broker or result backend URL; our redis+sentinel:// form is checked here (and
+        spelled as Celery's in celeryconfig.py), a Redis Cluster refused."""
+        value = self.url(variable, default)
+        scheme = urlsplit(value).scheme.lower()
+        if scheme == CLUSTER_SCHEME:
+            raise SettingsError(
+                f"{variable} cannot be a Redis Cluster: Celery's Redis transport and result "
+                "backend use keys of many slots in one command; use one Redis, a Sentinel group "
+                "(redis+sentinel://) or RabbitMQ (amqp://), and AGENTJOBS_STATE_URL for the cluster"
+            )
+        if scheme == SENTINEL_SCHEME:
+            return self.state_url(variable, default)
         return value
 
     def http_url(self, variable: str) -> str | None:

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-import redis
 
 from agent import AgentRunCheckpoint, encode_namespace
 from tasks.errors import UnreadableConversation
 from tasks.keys import Keys
+from tasks.state import StateClient
 
 CONVERSATION_FORMAT = "conversation-v1"
 
@@ -102,7 +102,7 @@ class RecentConversations:
 
 
 class ConversationStore:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: StateClient, keys: Keys) -> None:
         self._redis = client
         self._keys = keys
         self.recent = RecentConversations()

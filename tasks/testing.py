@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -38,6 +39,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_cluster_port() -> int:
+    """A free port for a cluster node: its bus listens 10000 above it, so both must be free and
+    the port at most 55535."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(20000, 55535)
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 def wait_until(
@@ -66,6 +83,8 @@ class RedisServer:
     appendonly: bool = False
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    # More redis-server options: cluster mode, a replica's --replicaof.
+    extra_args: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -88,6 +107,7 @@ class RedisServer:
             *("--port", str(self.port), "--bind", "127.0.0.1"),
             *("--dir", str(self.workdir), "--save", ""),
             *("--appendonly", "yes" if self.appendonly else "no"),
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(
             command, stdout=(self.workdir / "redis.log").open("ab"), stderr=subprocess.STDOUT
@@ -99,6 +119,13 @@ class RedisServer:
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies with whatever it had not written or replicated."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
             self.process.wait(timeout=10)
         self.process = None
 
@@ -276,3 +303,152 @@ def procfile_commands(path: Path = ROOT / "Procfile") -> dict[str, str]:
         if sep and name.strip() and not name.lstrip().startswith("#"):
             commands[name.strip()] = command.strip()
     return commands
+
+
+@dataclass
+class RedisClusterServers:
+    """A Redis Cluster of our own: `masters` redis-servers in cluster mode on free ports, each
+    with its own directory, joined with `redis-cli --cluster create` (no replicas)."""
+
+    workdir: Path
+    masters: int = 3
+    servers: list[RedisServer] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """The AGENTJOBS_STATE_URL of this cluster (every node as a seed)."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+
+    def start(self) -> RedisClusterServers:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli is not installed (it comes with redis-server)")
+        for n in range(self.masters):
+            server = RedisServer(self.workdir / f"node{n}", port=free_cluster_port())
+            server.extra_args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+            self.servers.append(server.start())
+        nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
+        subprocess.run(
+            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        probe = redis.Redis(port=self.servers[0].port)
+        wait_until(
+            lambda: probe.cluster("info").get("cluster_state") == "ok", 30, "the cluster to form"
+        )
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+@dataclass
+class SentinelGroup:
+    """A master, a replica and three sentinels of our own (redis-server --sentinel), quorum 2,
+    on free ports; `failover_ms` is how long the sentinels wait before calling the master down."""
+
+    workdir: Path
+    master_name: str = "agentjobs"
+    down_after_ms: int = 1000
+    master: RedisServer | None = None
+    replica: RedisServer | None = None
+    sentinels: list[Process] = field(default_factory=list)
+    sentinel_ports: list[int] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.master_name}/0"
+
+    def start(self) -> SentinelGroup:
+        self.master = RedisServer(self.workdir / "master").start()
+        self.replica = RedisServer(self.workdir / "replica")
+        self.replica.extra_args = ["--replicaof", "127.0.0.1", str(self.master.port)]
+        self.replica.start()
+        binary = shutil.which("redis-server")
+        assert binary is not None
+        for n in range(3):
+            port = free_port()
+            conf = self.workdir / f"sentinel{n}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
+                f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.master_name} 10000\n"
+                f"sentinel parallel-syncs {self.master_name} 1\n"
+            )
+            process = start_process(
+                f"sentinel{n}",
+                [binary, str(conf), "--sentinel"],
+                os.environ,
+                self.workdir / "logs",
+                ready="+monitor master",
+                timeout_s=20,
+            )
+            self.sentinels.append(process)
+            self.sentinel_ports.append(port)
+        wait_until(lambda: self._sentinels_see_replica(), 30, "the sentinels to see the replica")
+        return self
+
+    def _sentinels_see_replica(self) -> bool:
+        for port in self.sentinel_ports:
+            try:
+                replicas = redis.Redis(port=port).sentinel_slaves(self.master_name)
+            except redis.RedisError:
+                return False
+            if not replicas:
+                return False
+        return True
+
+    def master_port(self) -> int:
+        """The master's port as the first sentinel answers now."""
+        host_port: Any = redis.Redis(port=self.sentinel_ports[0]).sentinel_get_master_addr_by_name(
+            self.master_name
+        )
+        return int(host_port[1])
+
+    def stop(self) -> None:
+        for process in self.sentinels:
+            process.stop()
+        for server in (self.master, self.replica):
+            if server is not None:
+                server.stop()
+
+
+@dataclass
+class RabbitVhost:
+    """A RabbitMQ virtual host of our own on the local broker (made with rabbitmqctl, which
+    needs the rights of the broker's operator, root on a CI machine), for guest/guest."""
+
+    name: str = field(default_factory=lambda: f"agentjobs-test-{os.getpid()}-{time.time_ns()}")
+    host: str = "127.0.0.1"
+    port: int = 5672
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{self.host}:{self.port}/{self.name}"
+
+    @staticmethod
+    def problem() -> str:
+        """Why no vhost can be made here, or '' when one can."""
+        if shutil.which("rabbitmqctl") is None:
+            return "rabbitmqctl is not installed (apt-get install rabbitmq-server)"
+        with socket.socket() as sock:
+            sock.settimeout(1)
+            if sock.connect_ex(("127.0.0.1", 5672)) != 0:
+                return "no RabbitMQ answers on 127.0.0.1:5672 (rabbitmq-server -detached)"
+        return ""
+
+    def create(self) -> RabbitVhost:
+        for command in (
+            ["add_vhost", self.name],
+            ["set_permissions", "-p", self.name, "guest", ".*", ".*", ".*"],
+        ):
+            subprocess.run(["rabbitmqctl", "-q", *command], check=True, capture_output=True)
+        return self
+
+    def delete(self) -> None:
+        subprocess.run(["rabbitmqctl", "-q", "delete_vhost", self.name], capture_output=True)

@@ -66,6 +66,7 @@ from tasks.errors import (
     LeaseLost,
     PoisonTurn,
     Reason,
+    StateLost,
     TurnDeadLettered,
 )
 from tasks.journal import call_fields, read_journal, response_fields
@@ -77,6 +78,7 @@ from tasks.redact import redact
 from tasks.registry import build_agent
 from tasks.results import PAUSED, RUNNING, WAITING, report_state, write_final_result
 from tasks.retry import backoff_delay_s
+from tasks.state import STAMP_HEADER, lost_state, stamp_of
 from tasks.store import envelope_bytes
 from tasks.telemetry import AttemptTrace, current_trace
 from tasks.telemetry import attempt as trace_attempt
@@ -216,6 +218,9 @@ class SubmitTurnTask(Task):  # type: ignore[misc]
             )
         if registered is Registered.EXISTS:
             return self.AsyncResult(task_id)  # the same request again: the same turn
+        # The store's epoch goes with the message: a worker that finds no record for it can
+        # tell a lost store from an unknown turn (tasks/state.py).
+        options["headers"] = {**(options.get("headers") or {}), STAMP_HEADER: ctx.epoch.stamp()}
         try:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         except Exception:
@@ -239,7 +244,9 @@ def run_turn(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Run one turn of a conversation: run_turn.delay(agent=, conversation_id=, message=,
     identity=None, message_from=None, time=None)."""
     submitted = kwargs if not args else {"<args>": list(args)}
-    return drive_turn(self.request.id, submitted, worker=self.request.hostname or "")
+    return drive_turn(
+        self.request.id, submitted, worker=self.request.hostname or "", stamp=_stamp(self.request)
+    )
 
 
 @app.task(name="tasks.resume_turn", **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
@@ -252,8 +259,21 @@ def resume_turn(
 ) -> dict[str, Any]:
     """Wake a recorded turn: a retry that is due, the next turn of a conversation, or a turn
     whose worker died. What runs is decided by the turn record; `agent` and
-    `conversation_id` only name the turn in Flower and task events."""
-    return drive_turn(turn_id, None, namespace=namespace, worker=self.request.hostname or "")
+    `conversation_id` only name the turn in Flower and task events (and in a state_lost
+    dead letter, when the record is gone)."""
+    return drive_turn(
+        turn_id,
+        None,
+        namespace=namespace,
+        worker=self.request.hostname or "",
+        stamp=_stamp(self.request),
+        known={"agent": agent, "conversation_id": conversation_id},
+    )
+
+
+def _stamp(request: Any) -> dict[str, Any] | None:
+    # Celery keeps custom headers in request.headers, and as attributes too.
+    return stamp_of(request.headers) or stamp_of(vars(request))
 
 
 def submit_turn(turn_id: str, kwargs: Any, *, checkpoint: bytes = b"", replay_of: str = "") -> None:
@@ -278,6 +298,7 @@ def wake(
             args=[turn_id, namespace],
             kwargs={"agent": agent, "conversation_id": conversation_id},
             task_id=turn_id,
+            headers={STAMP_HEADER: job_context().epoch.stamp()},
         )
     except Exception as exc:  # the pump wakes stalled heads; never fail a finished turn for this
         logger.warning("could not wake turn %s (%s); the pump will", turn_id, exc)
@@ -289,6 +310,8 @@ def drive_turn(
     *,
     worker: str,
     namespace: str | None = None,
+    stamp: Mapping[str, Any] | None = None,
+    known: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     ctx = job_context()
     if ctx.leases.draining:
@@ -297,13 +320,15 @@ def drive_turn(
         raise Reject(requeue=True)
     try:
         if namespace is None:
-            namespace = _namespace_of(ctx, turn_id, submitted)
+            namespace = _namespace_of(ctx, turn_id, submitted, stamp, known)
         if not namespace:
             _dead_letter_bad_payload(ctx, turn_id, submitted)
             raise Ignore()
         token = uuid.uuid4().hex
         lease_ttl_s = ctx.settings.lease_ttl_s
         claim = ctx.records.claim(turn_id, namespace, token, lease_ttl_s, worker)
+        if claim.status is ClaimStatus.MISSING:
+            _refuse_lost_state(ctx, turn_id, namespace, submitted, stamp, known, worker=worker)
         if claim.status is ClaimStatus.MISSING and submitted is not None:
             register_turn(ctx, turn_id, submitted)  # sent without going through run_turn.delay
             claim = ctx.records.claim(turn_id, namespace, token, lease_ttl_s, worker)
@@ -323,15 +348,64 @@ def drive_turn(
         raise Ignore() from None
 
 
-def _namespace_of(ctx: JobContext, turn_id: str, submitted: Mapping[str, Any] | None) -> str:
+def _namespace_of(
+    ctx: JobContext,
+    turn_id: str,
+    submitted: Mapping[str, Any] | None,
+    stamp: Mapping[str, Any] | None = None,
+    known: Mapping[str, str] | None = None,
+) -> str:
     """The conversation namespace a delivery claims under ('' for a broken payload)."""
     if submitted is not None:
         return registration_of(submitted)[2]
     record = ctx.records.get(turn_id)
     if record is None:
+        _refuse_lost_state(ctx, turn_id, "", None, stamp, known, worker="")
         logger.warning("resume_turn for unknown turn %s: ignored", turn_id)
         raise Ignore()
     return record.namespace
+
+
+def _refuse_lost_state(
+    ctx: JobContext,
+    turn_id: str,
+    namespace: str,
+    submitted: Mapping[str, Any] | None,
+    stamp: Mapping[str, Any] | None,
+    known: Mapping[str, str] | None,
+    *,
+    worker: str,
+) -> None:
+    """A message whose turn record is missing: when the store lost it (tasks/state.py), file
+    the turn as state_lost from what the message carries, rather than run it on what is left of
+    its conversation (raises Ignore or TurnDeadLettered); otherwise return (an unknown turn)."""
+    if stamp is None:
+        return
+    ctx.epoch.check(worker)  # read now, not from the cache: the verdict depends on it
+    why = lost_state(stamp, ctx.epoch.current(), record_ttl_s=ctx.settings.record_ttl_s)
+    if not why:
+        return
+    ctx.epoch.message_from(str(stamp.get("epoch", "")), worker, turn_id)
+    logger.error("turn %s: its record is gone, the state store lost it: %s", turn_id, why)
+    payload: Any = dict(submitted) if submitted is not None else {**(known or {}), "lost": True}
+    agent_name, conversation_id = str(payload.get("agent", "")), ""
+    if submitted is not None:
+        agent_name, conversation_id, _ = registration_of(submitted)
+    else:
+        conversation_id = str(payload.get("conversation_id", ""))
+    ctx.records.register(
+        turn_id,
+        payload=orjson.dumps(payload),
+        agent=agent_name,
+        conversation_id=conversation_id,
+        namespace=namespace,
+        deadline_s=ctx.settings.turn_deadline_s,
+    )
+    record = ctx.records.get(turn_id, namespace)
+    if record is None or record.state.terminal:
+        raise Ignore()
+    turn = _Turn(ctx, record, token="", stored=None)
+    turn.finish(Decision(Outcome.DEAD_LETTER, Reason.STATE_LOST, StateLost(turn_id, why)))
 
 
 def _dead_letter_bad_payload(

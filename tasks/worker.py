@@ -99,6 +99,9 @@ class Presence:
     def beat(self) -> None:
         received = orjson.dumps(prefetched_turns())
         self._beat(keys=[self._ctx.keys.workers], args=[self._name, received])
+        # A store that lost its data is noticed here even when no message survived it
+        # (tasks/state.py): the first beat learns the epoch, later ones compare.
+        self._ctx.epoch.check(self._name)
 
     def _run(self) -> None:
         interval_s = self._ctx.settings.lease_ttl_s / RENEWALS_PER_TTL
