@@ -16,7 +16,7 @@ check failed:
   - each stored conversation is exactly its succeeded turns, in submission order;
   - a tool call started more than once only if it was in flight at a kill or at the Redis
     restart (snapshots of the running turns just before and just after each event), then only
-    with its own idempotency key and the next attempt, never after a start that returned, and
+    with its own idempotency key and the next attempt, never once its outcome was journaled, and
     never for an unsafe tool (every third turn's), whose interrupted calls say
     `[outcome unknown]` instead; the table splits the repeats by why;
   - the dead letters are exactly the 401 turns and the exhausted ones, with readable
@@ -234,6 +234,7 @@ class Observer:
     def __init__(self, client: redis.Redis, keys: Keys, task_ids: list[str]) -> None:
         self.client = client
         self.keys = keys
+        self.namespaces: dict[str, str] = {}  # task id -> its conversation's namespace
         self.task_ids = task_ids
         self._ended: set[str] = set()
 
@@ -241,7 +242,7 @@ class Observer:
         def read() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for task_id in ids:
-                pipe.hmget(self.keys.turn(task_id), list(fields))
+                pipe.hmget(self.turn_key(task_id), list(fields))
             return pipe.execute()
 
         rows = sa.patiently(read) if ids else []
@@ -249,6 +250,15 @@ class Observer:
             task_id: {name: (v.decode() if v else "") for name, v in zip(fields, row, strict=True)}
             for task_id, row in zip(ids, rows, strict=True)
         }
+
+    def turn_key(self, task_id: str) -> str:
+        namespace = self.namespaces[task_id]
+        return self.keys.for_namespace(namespace).turn(task_id)
+
+    def add(self, submitted: list[tuple[str, str]]) -> None:
+        for task_id, namespace in submitted:
+            self.task_ids.append(task_id)
+            self.namespaces[task_id] = namespace
 
     def open_ids(self) -> list[str]:
         return [t for t in self.task_ids if t not in self._ended]
@@ -283,7 +293,7 @@ class Observer:
         def read() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for task_id in self.task_ids:
-                pipe.hgetall(self.keys.turn(task_id))
+                pipe.hgetall(self.turn_key(task_id))
             return pipe.execute()
 
         return {
@@ -396,7 +406,7 @@ class Driver:
         return len(running) >= self.enough_running
 
     def submit_wave(self, now: float) -> None:
-        self.observer.task_ids += submit(self.waves.pop(0))
+        self.observer.add(submit(self.waves.pop(0)))
         self.submitted_at.append(time.monotonic())
         print(f"  {now - self.since:6.1f} s  submitted wave {len(self.submitted_at)}", flush=True)
 
@@ -470,11 +480,16 @@ def configure_client(env: dict[str, str], redis_url: str) -> None:
     reset()
 
 
-def submit(plan: list[PlannedTurn]) -> list[str]:
+def submit(plan: list[PlannedTurn]) -> list[tuple[str, str]]:
+    """Each turn's task id and its conversation's namespace."""
     from tasks import run_turn
+    from tasks.store import namespace_for
 
     return [
-        run_turn.delay(agent="soak", conversation_id=p.conversation, message=p.message).id
+        (
+            run_turn.delay(agent="soak", conversation_id=p.conversation, message=p.message).id,
+            namespace_for(p.conversation, None),
+        )
         for p in plan
     ]
 
@@ -523,13 +538,17 @@ def examine(
     logs = [p.log() for p in cluster.processes()]
     effects = checks.read_effects(ctx.redis, ctx.keys.prefix)
     starts = checks.read_starts(ctx.redis, ctx.keys.prefix)
+    for turn in turns:
+        events_key = ctx.keys.for_namespace(observer.namespaces[turn.task_id]).events(turn.task_id)
+        finished = checks.finished_calls(ctx.redis, events_key, turn.plan.number)
+        checks.mark_journaled(starts, finished)
     number_of = {t.task_id: t.plan.number for t in turns}
-    entries = ctx.dead_letters.list_entries()
+    entries = ctx.dead_letters.list_entries(bodies=True)
     result_texts: list[str] = []
     in_flight = in_flight_by_round(events, number_of)
-    side_effects, repeats = checks.check_side_effects(turns, effects, in_flight, starts)
     unsafe_in_flight = [key for key in in_flight if sa.is_unsafe_turn(key[0])]
     histories, unknown = checks.check_histories(turns, load_conversation, unsafe_in_flight)
+    side_effects, repeats = checks.check_side_effects(turns, effects, in_flight, starts, unknown)
     for event in events:
         event.repeated = sum(
             1 for task_id, r in event.in_flight if effects.get((number_of[task_id], r), 0) > 1
@@ -547,7 +566,7 @@ def examine(
     findings.append(
         checks.check_secrets(keys.swept, ctx.redis, entries, result_texts, cluster.swept_files())
     )
-    rows = table_rows(turns, events, repeats, unknown, len(cluster.exits), ctx)
+    rows = table_rows(turns, events, repeats, len(unknown), len(cluster.exits), ctx)
     return Outcome(findings, rows)
 
 
@@ -590,6 +609,7 @@ def table_rows(
     prefix = ctx.keys.prefix
     faults = {k.decode(): int(v) for k, v in ctx.redis.hgetall(sa.faults_key(prefix)).items()}
     calls = sum(int(ctx.redis.get(sa.calls_key(prefix, t.plan.number)) or 0) for t in turns)
+    after_return = str(repeats.after_return)
     rows = [
         ("turns", str(len(turns))),
         ("succeeded", str(states.count("succeeded"))),
@@ -600,9 +620,10 @@ def table_rows(
         ("redeliveries", str(sum(t.number("redeliveries") for t in turns))),
         ("worst recovery delay", worst),
         ("repeated side effects", str(repeats.total)),
-        ("  of calls that had completed", str(repeats.after_return)),
+        ("  of calls that had completed (outcome journaled)", str(repeats.after_outcome)),
         ("  interrupted idempotent calls, again with their key", str(repeats.same_key)),
         ("  of unsafe calls", str(repeats.unsafe)),
+        ("  killed after the tool returned, before its outcome was journaled", after_return),
         ("interrupted unsafe calls -> [outcome unknown]", str(unknown)),
         ("processes that exited on their own", str(exits)),
         ("model calls", str(calls)),

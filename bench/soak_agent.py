@@ -173,8 +173,8 @@ class FaultyGatewayProvider:
         if rounds_done < _number(_ROUNDS, text):
             round_ = rounds_done + 1
             args = {"turn": turn, "round": round_}
-            call = ToolCall(tool_call_id(turn, round_), tool_name_for(turn), args)
-            return LLMResponse(tool_calls=[call])
+            asked = ToolCall(tool_call_id(turn, round_), tool_name_for(turn), args)
+            return LLMResponse(tool_calls=[asked])
         return LLMResponse(content=answer_for(turn))
 
     def _refuse(self, status: int) -> None:

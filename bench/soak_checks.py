@@ -203,13 +203,13 @@ def check_histories(
     turns: list[Turn],
     load: Any,
     may_be_unknown: Iterable[tuple[int, int]] = (),
-) -> tuple[Finding, int]:
+) -> tuple[Finding, set[tuple[int, int]]]:
     """`load(conversation_id)` -> AgentRunCheckpoint | None (tasks.load_conversation).
     `may_be_unknown`: the unsafe rounds in flight at a chaos event, the only ones whose tool
-    message may say `[outcome unknown]`. Returns the finding and how many do."""
+    message may say `[outcome unknown]`. Returns the finding and those that do."""
     finding = Finding("stored conversations are exactly their succeeded turns, in order")
     allowed = set(may_be_unknown)
-    unknown = 0
+    unknown: set[tuple[int, int]] = set()
     by_conversation: dict[str, list[Turn]] = {}
     for turn in sorted(turns, key=lambda t: t.plan.number):
         by_conversation.setdefault(turn.plan.conversation, []).append(turn)
@@ -218,7 +218,7 @@ def check_histories(
         stored = load(conversation)
         got = list(stored.history) if stored is not None else []
         said_unknown = unknown_rounds(got) & allowed
-        unknown += len(said_unknown)
+        unknown |= said_unknown
         expected = expected_history(succeeded, said_unknown)
         if got != expected:
             finding.fail(f"conversation {conversation}: {first_difference(got, expected)}")
@@ -235,6 +235,35 @@ def read_effects(client: redis.Redis, prefix: str) -> dict[tuple[int, int], int]
         turn, _, round_ = key.decode().partition(":")
         effects[(int(turn), int(round_))] = int(value)
     return effects
+
+
+def mark_journaled(
+    starts: Mapping[tuple[int, int], list[Start]], finished: Mapping[tuple[int, int], list[bool]]
+) -> None:
+    """Mark each start whose outcome was journaled, by position (finished_calls)."""
+    for call, seen in starts.items():
+        for start, journaled in zip(seen, finished.get(call, []), strict=False):
+            start.journaled = journaled
+
+
+def finished_calls(client: Any, events_key: str, turn: int) -> dict[tuple[int, int], list[bool]]:
+    """For each (turn, round), its starts in order, each True when a tool.finished event (its
+    outcome journaled, in the same step) followed it, in one turn's event stream."""
+    calls: dict[tuple[int, int], list[bool]] = {}
+    for _, fields in client.xrange(events_key):
+        kind = fields.get(b"type")
+        if kind not in (b"tool.started", b"tool.finished"):
+            continue
+        call_id = str(orjson.loads(fields[b"data"]).get("toolCallId", ""))
+        _, _, round_ = call_id[1:].partition("r")
+        if not round_.isdigit():
+            continue
+        seen = calls.setdefault((turn, int(round_)), [])
+        if kind == b"tool.started":
+            seen.append(False)
+        elif seen:
+            seen[-1] = True
+    return calls
 
 
 def read_starts(client: redis.Redis, prefix: str) -> dict[tuple[int, int], list[Start]]:
@@ -255,7 +284,8 @@ def read_starts(client: redis.Redis, prefix: str) -> dict[tuple[int, int], list[
 class Start:
     key: str
     attempt: int
-    returned: bool = False
+    returned: bool = False  # the tool returned (its outcome may still not be journaled)
+    journaled: bool = False  # its outcome was journaled (a tool.finished event for it)
 
 
 @dataclass
@@ -264,7 +294,9 @@ class Repeats:
 
     total: int = 0  # starts beyond the first, over all calls
     same_key: int = 0  # interrupted idempotent calls started again with their key
-    after_return: int = 0  # calls started again although an earlier start had returned
+    after_outcome: int = 0  # completed calls (outcome journaled) started again: must stay 0
+    # interrupted calls whose tool had returned, killed before the outcome was journaled
+    after_return: int = 0
     unsafe: int = 0  # unsafe calls started more than once (must stay 0)
 
 
@@ -273,15 +305,21 @@ def check_side_effects(
     effects: Mapping[tuple[int, int], int],
     in_flight: Mapping[tuple[int, int], list[str]],
     starts: Mapping[tuple[int, int], list[Start]] | None = None,
+    unknown: Iterable[tuple[int, int]] = (),
 ) -> tuple[Finding, Repeats]:
     """Returns the finding and the repeated starts, by why.
 
     `in_flight` maps (turn, round) to the chaos events (kills, the Redis restart) at which that
     round was the iteration in flight: the only rounds allowed to run more than once, once more
-    per event. With `starts` (each start's key and attempt, and whether it returned), a call
-    starts again only with its own key, never after an earlier start returned (its outcome was
-    journaled), and never when its tool is unsafe.
+    per event. With `starts` (each start's key and attempt, whether it returned and whether its
+    outcome was journaled), a call starts again only with its own key, never after an earlier
+    start's outcome was journaled (that call completed; a start that returned but was killed
+    before its outcome was journaled is an interrupted one, counted apart), never
+    when its tool is unsafe. An unsafe call in `unknown` (its tool
+    message says `[outcome unknown]`) may never have reached its tool: its worker died right
+    after the call's start was journaled.
     """
+    unknown = set(unknown)
     finding = Finding("side effects repeated only in iterations in flight at a kill or restart")
     by_number = {t.plan.number: t for t in turns}
     repeats = Repeats()
@@ -296,10 +334,11 @@ def check_side_effects(
         if sa.is_unsafe_turn(number):
             repeats.unsafe += len(seen) - 1
             finding.fail(f"{where}: an unsafe call started {len(seen)} times")
-        returned = sum(1 for s in seen[:-1] if s.returned)
-        repeats.after_return += returned
-        if returned:
-            finding.fail(f"{where} started again after a start that returned")
+        completed = sum(1 for s in seen[:-1] if s.journaled)
+        repeats.after_outcome += completed
+        if completed:
+            finding.fail(f"{where} started again after its outcome was journaled")
+        repeats.after_return += sum(1 for s in seen[:-1] if s.returned and not s.journaled)
         repeats.same_key += len(seen) - 1
     for (number, round_), count in sorted(effects.items()):
         turn = by_number.get(number)
@@ -320,6 +359,8 @@ def check_side_effects(
     for turn in turns:
         if turn.state == "succeeded":
             for round_ in range(1, turn.plan.rounds + 1):
+                if (turn.plan.number, round_) in unknown:
+                    continue
                 if effects.get((turn.plan.number, round_), 0) < 1:
                     finding.fail(f"round {round_} never ran: {record_evidence(turn)}")
     return finding, repeats

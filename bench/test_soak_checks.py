@@ -66,7 +66,7 @@ def test_outcome_unknown_is_accepted_only_for_an_unsafe_round_in_flight() -> Non
     unsafe = turn(3, rounds=2)  # every third turn's tool is unsafe
     said = expected_history([unsafe.plan], unknown=[(3, 2)])
     finding, unknown = check_histories([unsafe], lambda _: stored(said), [(3, 2)])
-    assert (finding.problems, unknown) == ([], 1)
+    assert (finding.problems, unknown) == ([], {(3, 2)})
     finding, _ = check_histories([unsafe], lambda _: stored(said), [])
     assert finding.problems, "[outcome unknown] for a round that was not in flight must fail"
 
@@ -80,9 +80,13 @@ def test_a_call_started_again_must_keep_its_key_and_never_be_unsafe() -> None:
     assert finding.problems == [] and repeats.same_key == 1
     other_key = {(1, 1): [Start("k", 1), Start("j", 2)]}
     assert check_side_effects(turns, {(1, 1): 2}, in_flight, other_key)[0].problems
+    after_outcome = {(1, 1): [Start("k", 1, returned=True, journaled=True), Start("k", 2)]}
+    finding, repeats = check_side_effects(turns, {(1, 1): 2}, in_flight, after_outcome)
+    assert finding.problems and repeats.after_outcome == 1
+    # killed after its tool returned but before its outcome was journaled: interrupted
     after_return = {(1, 1): [Start("k", 1, returned=True), Start("k", 2)]}
-    finding, repeats = check_side_effects(turns, {(1, 1): 2}, in_flight, after_return)
-    assert finding.problems and repeats.after_return == 1
+    finding, repeats = check_side_effects(turns, effects, in_flight, after_return)
+    assert finding.problems == [] and repeats.after_return == 1
     unsafe = {(3, 1): [Start("u", 1), Start("u", 2)]}
     finding, repeats = check_side_effects(turns, effects, in_flight, unsafe)
     assert any("unsafe" in p for p in finding.problems) and repeats.unsafe == 1
