@@ -19,13 +19,14 @@ from tasks.context import JobContext, job_context
 from tasks.deadletter import file_dead_letter
 from tasks.errors import DeadlineExceeded, Reason
 from tasks.keys import ShardKeys
+from tasks.records import TurnRecord
 from tasks.results import write_final_result
 from tasks.store import namespace_for
 
 logger = logging.getLogger("agentjobs.control")
 
 
-def _wake(turn_id: str | None, namespace: str, agent: str, conversation_id: str) -> None:
+def wake_turn(turn_id: str | None, namespace: str, agent: str, conversation_id: str) -> None:
     from tasks.turns import wake  # the Celery tasks import this module's callers
 
     wake(turn_id, namespace or None, agent, conversation_id)
@@ -45,7 +46,7 @@ def cancel_turn(turn_id: str, *, reason: str = "") -> bool:
         return False
     write_final_result(ctx, turn_id, record.namespace)
     logger.info("turn %s cancelled%s", turn_id, f": {reason}" if reason else "")
-    _wake(ended.next_head, record.namespace, ended.next_head_agent, record.conversation_id)
+    wake_turn(ended.next_head, record.namespace, ended.next_head_agent, record.conversation_id)
     return True
 
 
@@ -70,26 +71,42 @@ def end_overdue_turns(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
         if record is None or record.state.terminal:
             ctx.redis.zrem(shard.deadlines, due.turn_id)
             continue
-        error = DeadlineExceeded(record.turn_id, str(record.state))
-        entry_id, _error_text, ended = file_dead_letter(
-            ctx.records,
+        entry_id = force_dead_letter(
+            ctx,
             record,
-            "",  # forced: whoever holds the lease is past the deadline too
-            reason=Reason.DEADLINE_EXCEEDED,
-            error=error,
-            attempts=record.attempt,
-            checkpoint=b"",
-            base_run_id=stored_run_id(ctx, record.namespace),
+            Reason.DEADLINE_EXCEEDED,
+            DeadlineExceeded(record.turn_id, str(record.state)),
         )
-        if not ended.ended:
+        if entry_id is None:
             continue
         ended_count += 1
         logger.warning(
             "turn %s passed its deadline while %s: %s", record.turn_id, record.state, entry_id
         )
-        write_final_result(ctx, record.turn_id, record.namespace)
-        _wake(ended.next_head, record.namespace, ended.next_head_agent, record.conversation_id)
     return ended_count
+
+
+def force_dead_letter(
+    ctx: JobContext, record: TurnRecord, reason: Reason, error: Exception
+) -> str | None:
+    """Dead-letter an unfinished turn from outside its worker (the pump: a deadline, a pause
+    that expired), write its Celery result and wake the next turn of its conversation. Returns
+    the entry id, or None when the turn had ended meanwhile."""
+    entry_id, _error_text, ended = file_dead_letter(
+        ctx.records,
+        record,
+        "",  # forced: whoever holds the lease, if anyone, is fenced out
+        reason=reason,
+        error=error,
+        attempts=record.attempt,
+        checkpoint=b"",
+        base_run_id=stored_run_id(ctx, record.namespace),
+    )
+    if not ended.ended:
+        return None
+    write_final_result(ctx, record.turn_id, record.namespace)
+    wake_turn(ended.next_head, record.namespace, ended.next_head_agent, record.conversation_id)
+    return entry_id
 
 
 def stored_run_id(ctx: JobContext, namespace: str) -> str:

@@ -31,13 +31,11 @@ import orjson
 from agent import Decision, PendingRequest
 from agent.pauses import request_dict, request_from_dict
 from tasks.context import JobContext, job_context
-from tasks.control import stored_run_id
-from tasks.deadletter import file_dead_letter
+from tasks.control import force_dead_letter, wake_turn
 from tasks.errors import ActionConflict, PauseExpired, Reason
 from tasks.journal import REQUESTS
 from tasks.keys import ShardKeys
 from tasks.records import TurnRecord, TurnState
-from tasks.results import write_final_result
 
 logger = logging.getLogger("agentjobs.pauses")
 
@@ -192,7 +190,7 @@ def _decide(turn_id: str, request_id: str, decision: str, body: bytes, actor: st
         return True
     if status == "resumed":
         logger.info("turn %s resumes: every request of its pause is decided", turn_id)
-        _wake(turn_id, record.namespace, reply[1], reply[2])
+        wake_turn(turn_id, record.namespace, reply[1], reply[2])
         return True
     if status == "same":
         return False
@@ -214,12 +212,6 @@ def _refusal(status: str, detail: list[str], decision: str) -> str:
     return "no such turn (or its record expired)"
 
 
-def _wake(turn_id: str | None, namespace: str, agent: str, conversation_id: str) -> None:
-    from tasks.turns import wake  # the Celery tasks import this module's callers
-
-    wake(turn_id, namespace or None, agent, conversation_id)
-
-
 # -- expiry (the pump) ----------------------------------------------------------------------------
 
 
@@ -233,20 +225,10 @@ def end_expired_pauses(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
             ctx.redis.zrem(shard.pauses, due.turn_id)
             continue
         pending = len(pending_actions(record))
-        entry_id, _text, ended = file_dead_letter(
-            ctx.records,
-            record,
-            "",  # no worker holds a paused turn
-            reason=Reason.PAUSE_EXPIRED,
-            error=PauseExpired(record.turn_id, pending),
-            attempts=record.attempt,
-            checkpoint=b"",
-            base_run_id=stored_run_id(ctx, record.namespace),
-        )
-        if not ended.ended:
+        error = PauseExpired(record.turn_id, pending)
+        entry_id = force_dead_letter(ctx, record, Reason.PAUSE_EXPIRED, error)
+        if entry_id is None:
             continue
         ended_count += 1
         logger.warning("turn %s: its pause expired undecided: %s", record.turn_id, entry_id)
-        write_final_result(ctx, record.turn_id, record.namespace)
-        _wake(ended.next_head, record.namespace, ended.next_head_agent, record.conversation_id)
     return ended_count
