@@ -449,8 +449,6 @@ class _Turn:
         self.iteration = record.iteration or 1
         self.result: AgentResult | None = None
         self.model_calls = 0
-        # Tool calls started since the last model call: a handover after one of them would
-        # run it again on the next worker, so the turn goes on to the next check point.
         self.report_lock = threading.Lock()
         self.outcome_decided = False
         self.reported_iteration = 0
