@@ -212,7 +212,8 @@ def live_stats(ctx: JobContext) -> dict[str, Any]:
     if oldest_due_ms is not None:
         runnable_ages.append(now_ms - oldest_due_ms)
     heartbeat_ms = int(heartbeat_raw) if heartbeat_raw else None
-    heartbeat_age_s = (now_ms - heartbeat_ms) / 1000 if heartbeat_ms is not None else None
+    # max: a pump may beat between the server time read and the heartbeat read.
+    heartbeat_age_s = max(0, now_ms - heartbeat_ms) / 1000 if heartbeat_ms is not None else None
     pump_silent = heartbeat_age_s is None or heartbeat_age_s * 1000 > overdue_ms
     alive = sum(1 for at in beats if at > now_ms - int(settings.lease_ttl_s * 1000))
     by_state = {str(s): 0 for s in TurnState if not s.terminal}

@@ -178,6 +178,7 @@ class Process:
     log_path: Path
     # Started in a session of its own (a shell line): signals go to its whole process group.
     group: bool = False
+    terminated: bool = False  # SIGTERM sent (terminate): stop() only waits
 
     @property
     def pid(self) -> int:
@@ -191,9 +192,15 @@ class Process:
             os.kill(self.popen.pid, sig)
             self.popen.wait(timeout=30)
 
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM) without waiting; stop() waits."""
+        if self.alive() and not self.terminated:
+            self._signal(signal.SIGTERM)
+            self.terminated = True
+
     def stop(self) -> None:
         if self.alive():
-            self._signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.popen.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -203,6 +210,21 @@ class Process:
         for child in children_of(self.popen.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
+        if self.group:
+            self._wait_for_group()
+
+    def _wait_for_group(self, timeout_s: float = 15) -> None:
+        """A shell line's leader may exit before the command it started (a worker still in its
+        warm shutdown): wait for the whole group, then kill what is left of it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.popen.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
 
     def _signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

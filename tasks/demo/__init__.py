@@ -176,8 +176,10 @@ def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
         return 0
     finally:
         for process in processes:
+            process.terminate()  # all at once: each takes a second or two to shut down
+        for process in processes:
             process.stop()
-        say("stopped the worker and the pump")
+        say(f"stopped the {', '.join(p.name for p in processes)}")
         if shared:
             removed = remove_demo_keys(job_context().redis, env["AGENTJOBS_KEY_PREFIX"])
             say(f"removed the demo's {removed} keys from the shared Redis")

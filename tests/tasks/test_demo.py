@@ -44,7 +44,7 @@ def test_the_demo_tells_four_turns_and_leaves_nothing_behind(
     approved = next(i for i, line in enumerate(story) if "approved by the demo" in line)
     done = next(i for i, line in enumerate(story) if line.startswith("refund  result:"))
     assert paused < approved < done
-    assert "stopped the worker and the pump" in out
+    assert "stopped the worker, pump, metrics" in out
     # Nothing of the demo's stays in a Redis it shares (kombu's one shared bookkeeping key
     # aside, which every Celery app on that Redis uses); what was there stays
     left = {key for key in client.scan_iter() if not key.startswith(b"_kombu.")}
