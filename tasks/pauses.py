@@ -152,9 +152,9 @@ def approve_action(
 ) -> bool:
     """Approve a paused turn's call (with `edited_args` in place of the model's when given).
     True when recorded; False when this decision was already recorded."""
-    edited = dict(edited_args) if edited_args is not None else None
     if edited_args is not None and not isinstance(edited_args, Mapping):
         raise ActionConflict(turn_id, request_id, "edited_args must be a mapping of arguments")
+    edited = dict(edited_args) if edited_args is not None else None
     return _decide(turn_id, request_id, "approve", _body("approve", editedArgs=edited), actor)
 
 

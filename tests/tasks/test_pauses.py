@@ -102,6 +102,8 @@ def test_approve_runs_the_call_once_and_the_model_is_not_asked_again(jobs: Any) 
 def test_approve_with_edited_args_runs_the_edited_call(jobs: Any) -> None:
     result, tag = submit("refund")
     [action] = paused(result.id)
+    with pytest.raises(ActionConflict, match="mapping"):
+        approve_action(result.id, action.request_id, edited_args=["B"])  # type: ignore[arg-type]
     approve_action(result.id, action.request_id, edited_args={"order_id": "B", "tag": tag})
     assert result.get(timeout=30)["content"] == "done: A shipped | refunded B"
     assert runs(jobs, tag) == ["lookup A", "refund B"]
