@@ -97,6 +97,20 @@ class PendingRequest:
     question: str | None = None  # for a question: what the model asked
 
 
+def call_from_dict(raw: Mapping[str, Any]) -> JournaledCall:
+    """A JournaledCall from its camelCase dict: {toolCallId, idempotencyKey, attempt,
+    content?, ok?, landed?} (what RunPause.to_json and the job system's journal write)."""
+    content, ok = raw.get("content"), raw.get("ok")
+    return JournaledCall(
+        tool_call_id=str(raw.get("toolCallId", "")),
+        idempotency_key=str(raw.get("idempotencyKey", "")),
+        attempts=int(raw.get("attempt", 0)),
+        content=content if isinstance(content, str) else None,
+        ok=ok if isinstance(ok, bool) else None,
+        landed=raw.get("landed") is not False,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class IterationJournal:
     """The iteration in flight: the model response its tools answer (the assistant message as

@@ -27,7 +27,13 @@ import orjson
 
 from agent.checkpoint import AgentRunCheckpoint
 from agent.errors import InvalidRunInputError
-from agent.journal import IterationJournal, JournaledCall, PendingRequest, RequestKind
+from agent.journal import (
+    IterationJournal,
+    JournaledCall,
+    PendingRequest,
+    RequestKind,
+    call_from_dict,
+)
 from agent.tools import Tool, ToolContext
 
 REJECTED = "[rejected]"
@@ -167,7 +173,7 @@ class RunPause:
             journal = IterationJournal(
                 int(raw["journal"]["historyLength"]),
                 raw["journal"]["message"],
-                {int(i): _call_from_dict(c) for i, c in raw["journal"]["calls"].items()},
+                {int(i): call_from_dict(c) for i, c in raw["journal"]["calls"].items()},
                 {r.index: r for r in requests},
             )
             checkpoint = AgentRunCheckpoint.from_parsed(raw["checkpoint"])
@@ -211,15 +217,3 @@ def _call_dict(call: JournaledCall) -> dict[str, Any]:
         "ok": call.ok,
         "landed": call.landed,
     }
-
-
-def _call_from_dict(raw: Mapping[str, Any]) -> JournaledCall:
-    content = raw.get("content")
-    return JournaledCall(
-        str(raw.get("toolCallId", "")),
-        str(raw.get("idempotencyKey", "")),
-        int(raw.get("attempt", 0)),
-        content=content if isinstance(content, str) else None,
-        ok=raw.get("ok") if isinstance(raw.get("ok"), bool) else None,
-        landed=raw.get("landed") is not False,
-    )

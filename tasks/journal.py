@@ -20,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from agent import IterationJournal, JournaledCall, ResponseReport, ToolCallPhase, ToolCallReport
+from agent import IterationJournal, ResponseReport, ToolCallPhase, ToolCallReport
+from agent.journal import call_from_dict
 from agent.pauses import request_from_dict
 
 RESPONSE = "journal:response"
@@ -54,19 +55,6 @@ def call_fields(report: ToolCallReport) -> dict[str, bytes]:
     return {call_field(report.index): orjson.dumps(entry)}
 
 
-def _call(raw: bytes) -> JournaledCall:
-    entry = orjson.loads(raw)
-    content, ok = entry.get("content"), entry.get("ok")
-    return JournaledCall(
-        tool_call_id=str(entry.get("toolCallId", "")),
-        idempotency_key=str(entry.get("idempotencyKey", "")),
-        attempts=int(entry.get("attempt", 0)),
-        content=content if isinstance(content, str) else None,
-        ok=ok if isinstance(ok, bool) else None,
-        landed=entry.get("landed") is not False,
-    )
-
-
 def read_journal(fields: Mapping[str, bytes]) -> IterationJournal | None:
     """The journal a turn record holds (TurnRecord.journal), or None."""
     raw = fields.get(RESPONSE)
@@ -74,7 +62,7 @@ def read_journal(fields: Mapping[str, bytes]) -> IterationJournal | None:
         return None
     response = orjson.loads(raw)
     calls = {
-        int(name.removeprefix("journal:")): _call(value)
+        int(name.removeprefix("journal:")): call_from_dict(orjson.loads(value))
         for name, value in fields.items()
         if name.removeprefix("journal:").isdigit()
     }

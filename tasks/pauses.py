@@ -113,12 +113,12 @@ def recorded_decisions(record: TurnRecord) -> dict[str, Decision]:
 
 def paused_turns(ctx: JobContext) -> list[tuple[TurnRecord, tuple[PendingAction, ...]]]:
     """Every paused turn with what it waits for, the soonest to expire first."""
-    found: list[tuple[int, str, str]] = []
+    found: list[tuple[int, str]] = []
     for shard in ctx.keys.all_shards():
         members: Any = ctx.redis.zrange(shard.pauses, 0, -1, withscores=True)
-        found += [(int(score), member.decode(), "") for member, score in members]
+        found += [(int(score), member.decode()) for member, score in members]
     turns = []
-    for _, turn_id, _ in sorted(found):
+    for _, turn_id in sorted(found):
         record = ctx.records.get(turn_id)
         if record is not None and record.state is TurnState.PAUSED:
             turns.append((record, pending_actions(record)))
