@@ -19,7 +19,7 @@ from tasks.context import JobContext, job_context
 from tasks.deadletter import file_dead_letter
 from tasks.errors import DeadlineExceeded, Reason
 from tasks.keys import ShardKeys
-from tasks.records import TurnRecord
+from tasks.records import Due, TurnRecord
 from tasks.results import write_final_result
 from tasks.store import namespace_for
 
@@ -32,11 +32,13 @@ def wake_turn(turn_id: str | None, namespace: str, agent: str, conversation_id: 
     wake(turn_id, namespace or None, agent, conversation_id)
 
 
-def cancel_turn(turn_id: str, *, reason: str = "") -> bool:
+def cancel_turn(
+    turn_id: str, *, reason: str = "", identity: Mapping[str, Any] | None = None
+) -> bool:
     """True when the turn was unfinished and is now cancelled; False when it had already ended
-    or is unknown."""
+    or is unknown (with `identity`, a turn of another one is unknown)."""
     ctx = job_context()
-    record = ctx.records.get(turn_id)
+    record = ctx.records.find(turn_id, identity)
     if record is None or record.state.terminal:
         return False
     ended = ctx.records.cancel(
@@ -65,12 +67,12 @@ def cancel_conversation(
 def end_overdue_turns(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
     """Dead-letter the shard's unfinished turns past their deadline, even one whose worker is
     stuck in a tool forever: the conversation moves on. Returns how many."""
-    ended_count = 0
-    for due in ctx.records.take_due(shard, shard.deadlines, limit=limit, bump_ms=5000):
+
+    def end_overdue(due: Due) -> int:
         record = ctx.records.get(due.turn_id, due.namespace)
         if record is None or record.state.terminal:
             ctx.redis.zrem(shard.deadlines, due.turn_id)
-            continue
+            return 0
         entry_id = force_dead_letter(
             ctx,
             record,
@@ -78,12 +80,14 @@ def end_overdue_turns(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
             DeadlineExceeded(record.turn_id, str(record.state)),
         )
         if entry_id is None:
-            continue
-        ended_count += 1
+            return 0
         logger.warning(
             "turn %s passed its deadline while %s: %s", record.turn_id, record.state, entry_id
         )
-    return ended_count
+        return 1
+
+    overdue = ctx.records.take_due(shard, shard.deadlines, limit=limit, bump_ms=5000)
+    return ctx.records.sweep(overdue, end_overdue)
 
 
 def force_dead_letter(

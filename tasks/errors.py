@@ -9,6 +9,7 @@
     ├── DeadlineExceeded          a turn still unfinished at its deadline
     ├── PauseExpired              a paused turn nobody decided on within the pause TTL
     ├── StateLost                 a message whose turn record the state store lost (tasks/state.py)
+    ├── UnreadableRecord          a turn record whose fields cannot be read (skipped, counted)
     └── LeaseLost                 another worker took the conversation over, or the turn was
         │                         cancelled (this delivery stops writing)
         └── HandedOver            this worker is shutting down: the run stops at a check point
@@ -149,6 +150,21 @@ class StateLost(JobError):
             f"turn {turn_id} has a message but no record: the state store lost its data ({why}); "
             "it was not run on what is left of its conversation. The entry keeps what the "
             "message carried; replay it to run that message on the conversation as it is now"
+        )
+
+
+class UnreadableRecord(JobError):
+    """A turn record in the store that cannot be read as one (written by hand, by an older
+    version, or damaged): every sweep logs it once, skips it and goes on."""
+
+    code = "ERR_UNREADABLE_RECORD"
+
+    def __init__(self, turn_id: str, problem: str) -> None:
+        self.turn_id = turn_id
+        self.problem = problem
+        super().__init__(
+            f"turn record {turn_id!r} is unreadable ({problem}); it is skipped. Inspect it with "
+            f"`agentjobs turn show {turn_id}` or remove it with redis-cli"
         )
 
 

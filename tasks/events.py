@@ -11,7 +11,7 @@ stream is kept as long as the turn record.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -49,14 +49,18 @@ class TurnEvent:
 
 
 def iter_events(
-    turn_id: str, *, after: str | None = None, block_s: float | None = None
+    turn_id: str,
+    *,
+    after: str | None = None,
+    block_s: float | None = None,
+    identity: Mapping[str, Any] | None = None,
 ) -> Iterator[TurnEvent]:
     """The turn's events in order, from the first (or after the event `after`), then waiting
     for new ones while the turn is unfinished; it ends after the terminal event. `block_s`
     bounds the wait for each next event (None: until the turn ends). An unknown turn id
-    raises LookupError."""
+    raises LookupError, and so does, with `identity`, a turn of another one."""
     ctx = job_context()
-    record = ctx.records.get(turn_id)
+    record = ctx.records.find(turn_id, identity)
     if record is None:
         raise LookupError(f"no turn {turn_id!r} (finished turns are kept for the record TTL)")
     key = ctx.keys.for_namespace(record.namespace).events(turn_id)

@@ -20,7 +20,7 @@ import orjson
 
 from agent import AgentError, AgentRunCheckpoint
 from tasks.context import JobContext
-from tasks.errors import JobError
+from tasks.errors import JobError, UnreadableRecord
 from tasks.records import TurnRecord, TurnState
 from tasks.state import parse_state_url
 from tasks.store import namespace_for
@@ -85,8 +85,9 @@ def _pages(keys: Iterator[str]) -> Iterator[list[str]]:
         yield page
 
 
-def iter_turns(ctx: JobContext) -> Iterator[TurnRecord]:
-    """Every turn record kept, in no particular order, without checkpoint, payload or result."""
+def iter_turns(ctx: JobContext, unreadable: list[str] | None = None) -> Iterator[TurnRecord]:
+    """Every turn record kept, in no particular order, without checkpoint, payload or result.
+    A record that cannot be read is skipped (logged once), its id added to `unreadable`."""
     for page in _pages(_turn_keys(ctx)):
         with ctx.redis.pipeline(transaction=False) as pipe:
             for key in page:
@@ -96,8 +97,14 @@ def iter_turns(ctx: JobContext) -> Iterator[TurnRecord]:
             fields = {
                 name: value for name, value in zip(_LISTED_FIELDS, values, strict=True) if value
             }
-            if "state" in fields:  # gone (expired) since the scan saw it
+            if "state" not in fields:  # gone (expired) since the scan saw it
+                continue
+            try:
                 yield TurnRecord.from_redis(key.split(":turn:", 1)[1], fields)
+            except UnreadableRecord as exc:
+                ctx.records.note_unreadable(exc)
+                if unreadable is not None:
+                    unreadable.append(exc.turn_id)
 
 
 def list_turns(
@@ -176,7 +183,7 @@ def live_stats(ctx: JobContext) -> dict[str, Any]:
         pipe.get(ctx.keys.pump_heartbeat)
         pipe.hvals(ctx.keys.workers)
         replies: list[Any] = pipe.execute()
-    beats = [orjson.loads(raw)["at"] for raw in replies.pop()]
+    beats = [at for raw in replies.pop() if (at := _beat_at(raw)) is not None]
     heartbeat_raw = replies.pop()
     turns: Counter[str] = Counter()
     due_now = overdue = 0
@@ -196,8 +203,8 @@ def live_stats(ctx: JobContext) -> dict[str, Any]:
         if first_due:
             score = int(first_due[0][1])
             oldest_due_ms = score if oldest_due_ms is None else min(oldest_due_ms, score)
-        reasons.update(orjson.loads(raw).get("reason", "?") for raw in dead)
-        counters.update({name.decode(): int(value) for name, value in counted.items()})
+        reasons.update(_reason_of(raw) for raw in dead)
+        counters.update({name.decode(): _count(value) for name, value in counted.items()})
         # A pending score is the turn's last wake, not its submission: read when it was made,
         # and when it became runnable (set while it is the head of its conversation).
         if pending:
@@ -205,9 +212,9 @@ def live_stats(ctx: JobContext) -> dict[str, Any]:
                 for member in pending:
                     pipe.hmget(shard.turn(member.decode()), "created_at_ms", "runnable_at_ms")
                 for created, runnable in pipe.execute():
-                    if created:
+                    if created and created.isdigit():
                         queued_ages.append(now_ms - int(created))
-                    if runnable:
+                    if runnable and runnable.isdigit():
                         runnable_ages.append(now_ms - int(runnable))
     if oldest_due_ms is not None:
         runnable_ages.append(now_ms - oldest_due_ms)
@@ -242,13 +249,50 @@ def live_stats(ctx: JobContext) -> dict[str, Any]:
     }
 
 
+def _beat_at(raw: bytes) -> int | None:
+    try:
+        return int(orjson.loads(raw)["at"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None  # the pump removes an unreadable heartbeat
+
+
+def _reason_of(raw: bytes) -> str:
+    try:
+        return str(orjson.loads(raw).get("reason", "?"))
+    except (orjson.JSONDecodeError, AttributeError):
+        return "(unreadable entry)"
+
+
+def _count(raw: bytes) -> int:
+    return int(raw) if raw.lstrip(b"-").isdigit() else 0
+
+
+def unreadable_records(ctx: JobContext, found: list[str]) -> list[str]:
+    """The turn ids whose records cannot be read: those a walk just `found`, and those a
+    sweep noted (tasks/records.py) that still exist; the noted ones that are gone or were
+    repaired are forgotten."""
+    noted = {m.decode() for m in ctx.redis.smembers(ctx.keys.unreadable_records)}  # type: ignore[union-attr]
+    still = set(found)
+    for turn_id in noted - still:
+        try:
+            if ctx.records.get(turn_id) is not None:
+                ctx.redis.srem(ctx.keys.unreadable_records, turn_id)  # repaired
+            elif not ctx.records.owner_of(turn_id):
+                ctx.redis.srem(ctx.keys.unreadable_records, turn_id)  # removed
+        except UnreadableRecord:
+            still.add(turn_id)
+    return sorted(still)
+
+
 def stats(ctx: JobContext) -> dict[str, Any]:
     """live_stats, with the finished turns by state counted from the records kept, as one
     JSON-ready dict (camelCase keys, ages in seconds)."""
     figures = live_stats(ctx)
+    found: list[str] = []
     finished: Counter[str] = Counter(
-        str(r.state) for r in iter_turns(ctx) if str(r.state) not in _INDEX_OF_STATE
+        str(r.state) for r in iter_turns(ctx, found) if str(r.state) not in _INDEX_OF_STATE
     )
+    unreadable = unreadable_records(ctx, found)
     by_state = {str(s): 0 for s in TurnState}
     by_state.update(figures.pop("turns"))
     by_state.update(finished)
@@ -260,6 +304,8 @@ def stats(ctx: JobContext) -> dict[str, Any]:
             f"turn records, kept AGENTJOBS_RECORD_TTL_S ({kept} s) after a turn ends"
         ),
         **figures,
+        # Records no sweep can read (skipped by the pump and every listing): see the log.
+        "unreadableRecords": {"total": len(unreadable), "turnIds": unreadable[:20]},
         "state": state_store(
             ctx, state_lost_turns=figures["deadLetters"]["byReason"].get("state_lost", 0)
         ),

@@ -141,9 +141,9 @@ class Keys:
         return self.for_namespace(namespace).conversation(namespace)
 
     def turn_id_owner(self, turn_id: str) -> str:
-        """String: the namespace a caller-chosen turn id was first submitted for, so the same
-        id cannot name a turn of another conversation (its record would sit in another shard).
-        Kept for record_ttl_s past the turn's deadline."""
+        """String: the namespace a turn id is being first registered for (TurnRecords.
+        claim_turn_id), so two concurrent submissions of one id for two conversations agree
+        on one. Kept 60 s: then the turn record itself says who owns the id."""
         return f"{self.prefix}:turn-id:{turn_id}"
 
     def replay_marker(self, entry_id: str) -> str:
@@ -169,6 +169,13 @@ class Keys:
         """String: JSON {id, createdAtMs}, the store's epoch (tasks/state.py), created once by
         the first process that finds none. Kept forever: a store without it lost its data."""
         return f"{self.prefix}:epoch"
+
+    @property
+    def unreadable_records(self) -> str:
+        """Set of turn keys found unreadable by a sweep (tasks/records.py, note_unreadable),
+        for `agentjobs stats`; a key that was removed or repaired is dropped by the next
+        `stats`. Kept forever."""
+        return f"{self.prefix}:unreadable"
 
     @property
     def epochs_lost(self) -> str:

@@ -35,7 +35,8 @@ from tasks.control import force_dead_letter, wake_turn
 from tasks.errors import ActionConflict, PauseExpired, Reason
 from tasks.journal import REQUESTS
 from tasks.keys import ShardKeys
-from tasks.records import TurnRecord, TurnState
+from tasks.records import Due, TurnRecord, TurnState
+from tasks.store import owner_of_namespace
 
 logger = logging.getLogger("agentjobs.pauses")
 
@@ -52,9 +53,16 @@ class PendingAction:
     question: str | None
     requested_at: datetime
     expires_at: datetime
+    turn_id: str = ""
+    # Whose turn waits (as TurnStatus): a handler approving by id checks these first.
+    tenant: str | None = None
+    principal: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "turnId": self.turn_id,
+            "tenant": self.tenant,
+            "principal": self.principal,
             "requestId": self.request_id,
             "kind": self.kind,
             "tool": self.tool,
@@ -85,6 +93,7 @@ def pending_actions(record: TurnRecord) -> tuple[PendingAction, ...]:
     if record.state is not TurnState.PAUSED:
         return ()
     requested, expires = _utc(record.paused_at_ms), _utc(record.pause_expires_at_ms)
+    tenant, principal = owner_of_namespace(record.namespace)
     return tuple(
         PendingAction(
             request_id=r.request_id,
@@ -95,6 +104,9 @@ def pending_actions(record: TurnRecord) -> tuple[PendingAction, ...]:
             question=r.question,
             requested_at=requested,
             expires_at=expires,
+            turn_id=record.turn_id,
+            tenant=tenant,
+            principal=principal,
         )
         for r in paused_requests(record)
         if r.request_id not in record.decisions
@@ -119,7 +131,7 @@ def paused_turns(ctx: JobContext) -> list[tuple[TurnRecord, tuple[PendingAction,
         found += [(int(score), member.decode()) for member, score in members]
     turns = []
     for _, turn_id in sorted(found):
-        record = ctx.records.get(turn_id)
+        record = ctx.records.readable(turn_id)
         if record is not None and record.state is TurnState.PAUSED:
             turns.append((record, pending_actions(record)))
     return turns
@@ -149,30 +161,61 @@ def approve_action(
     *,
     edited_args: Mapping[str, Any] | None = None,
     actor: str = "",
+    identity: Mapping[str, Any] | None = None,
 ) -> bool:
     """Approve a paused turn's call (with `edited_args` in place of the model's when given).
     True when recorded; False when this decision was already recorded."""
     if edited_args is not None and not isinstance(edited_args, Mapping):
         raise ActionConflict(turn_id, request_id, "edited_args must be a mapping of arguments")
     edited = dict(edited_args) if edited_args is not None else None
-    return _decide(turn_id, request_id, "approve", _body("approve", editedArgs=edited), actor)
+    body = _body("approve", editedArgs=edited)
+    return _decide(turn_id, request_id, "approve", body, actor, identity)
 
 
-def reject_action(turn_id: str, request_id: str, *, message: str = "", actor: str = "") -> bool:
+def reject_action(
+    turn_id: str,
+    request_id: str,
+    *,
+    message: str = "",
+    actor: str = "",
+    identity: Mapping[str, Any] | None = None,
+) -> bool:
     """Reject a paused turn's call: the model gets `[rejected] <message>` for it."""
-    return _decide(turn_id, request_id, "reject", _body("reject", message=message), actor)
+    if not isinstance(message, str):
+        raise ActionConflict(turn_id, request_id, "a rejection's message must be a string")
+    body = _body("reject", message=message)
+    return _decide(turn_id, request_id, "reject", body, actor, identity)
 
 
-def answer_question(turn_id: str, request_id: str, answer: str, *, actor: str = "") -> bool:
+def answer_question(
+    turn_id: str,
+    request_id: str,
+    answer: str,
+    *,
+    actor: str = "",
+    identity: Mapping[str, Any] | None = None,
+) -> bool:
     """Answer a paused turn's question (agent.ask_user): the answer is its tool result."""
     if not isinstance(answer, str):
         raise ActionConflict(turn_id, request_id, "an answer must be a string")
-    return _decide(turn_id, request_id, "answer", _body("answer", answer=answer), actor)
+    body = _body("answer", answer=answer)
+    return _decide(turn_id, request_id, "answer", body, actor, identity)
 
 
-def _decide(turn_id: str, request_id: str, decision: str, body: bytes, actor: str) -> bool:
+def _decide(
+    turn_id: str,
+    request_id: str,
+    decision: str,
+    body: bytes,
+    actor: str,
+    identity: Mapping[str, Any] | None,
+) -> bool:
+    """Record one decision. `actor` is recorded as given, never checked: with `identity`,
+    a turn of another tenant or principal is refused exactly as an unknown one."""
+    if not isinstance(actor, str):
+        raise ActionConflict(turn_id, request_id, "actor must be a string")
     ctx = job_context()
-    record = ctx.records.get(turn_id)
+    record = ctx.records.find(turn_id, identity)
     if record is None:
         raise ActionConflict(turn_id, request_id, "no such turn (or its record expired)")
     event = orjson.dumps({"requestId": request_id, "decision": decision, "actor": actor})
@@ -218,17 +261,19 @@ def _refusal(status: str, detail: list[str], decision: str) -> str:
 def end_expired_pauses(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
     """Dead-letter the shard's paused turns nobody decided on in time (pause_expired); the
     conversation moves on. Returns how many."""
-    ended_count = 0
-    for due in ctx.records.take_due(shard, shard.pauses, limit=limit, bump_ms=5000):
+
+    def end_expired(due: Due) -> int:
         record = ctx.records.get(due.turn_id, due.namespace)
         if record is None or record.state is not TurnState.PAUSED:
             ctx.redis.zrem(shard.pauses, due.turn_id)
-            continue
+            return 0
         pending = len(pending_actions(record))
         error = PauseExpired(record.turn_id, pending)
         entry_id = force_dead_letter(ctx, record, Reason.PAUSE_EXPIRED, error)
         if entry_id is None:
-            continue
-        ended_count += 1
+            return 0
         logger.warning("turn %s: its pause expired undecided: %s", record.turn_id, entry_id)
-    return ended_count
+        return 1
+
+    expired = ctx.records.take_due(shard, shard.pauses, limit=limit, bump_ms=5000)
+    return ctx.records.sweep(expired, end_expired)

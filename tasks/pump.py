@@ -33,7 +33,7 @@ from tasks.context import JobContext, job_context
 from tasks.control import end_overdue_turns
 from tasks.keys import ShardKeys
 from tasks.pauses import end_expired_pauses
-from tasks.records import TurnState
+from tasks.records import Due, TurnState
 from tasks.redact import RedactingFilter
 from tasks.results import has_final_result, write_final_result
 from tasks.turns import wake
@@ -68,14 +68,18 @@ def confirm_results(ctx: JobContext, shard: ShardKeys) -> int:
     Any Celery result backend: it only asks the backend for the task's state.
     """
     grace_ms = int(ctx.settings.result_grace_s * 1000)
-    written = 0
-    for due in ctx.records.take_due(
-        shard, shard.finished, limit=BATCH, bump_ms=grace_ms, lag_ms=grace_ms
-    ):
+
+    def confirm(due: Due) -> int:
+        written = 0
         if not has_final_result(due.turn_id):
-            written += write_final_result(ctx, due.turn_id, due.namespace)
+            written = int(write_final_result(ctx, due.turn_id, due.namespace))
         ctx.redis.zrem(shard.finished, due.turn_id)
-    return written
+        return written
+
+    ended = ctx.records.take_due(
+        shard, shard.finished, limit=BATCH, bump_ms=grace_ms, lag_ms=grace_ms
+    )
+    return ctx.records.sweep(ended, confirm)
 
 
 class BrokerBacklog:
@@ -130,35 +134,48 @@ def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tic
     records, settings = ctx.records, ctx.settings
     lease_ms = int(settings.lease_ttl_s * 1000)
     stall_ms = int(settings.stall_after_s * 1000)
-    due = records.take_due(shard, shard.retries, limit=BATCH, bump_ms=stall_ms)
-    for turn in due:
+
+    def wake_due(turn: Due) -> int:
         wake(turn.turn_id, turn.namespace or None, turn.agent, turn.conversation_id)
-    expired = 0
-    for turn in records.take_due(shard, shard.running, limit=BATCH, bump_ms=lease_ms):
+        return 1
+
+    def wake_expired(turn: Due) -> int:
         record = records.get(turn.turn_id, turn.namespace)
         if record is None or record.state is not TurnState.RUNNING:
             ctx.redis.zrem(shard.running, turn.turn_id)
-            continue
+            return 0
         if records.lease_holder(record.namespace) == turn.turn_id:
-            continue  # its renewal is late but the lease still stands
+            return 0  # its renewal is late but the lease still stands
         logger.warning("turn %s lost its worker; waking it to resume", turn.turn_id)
         wake(turn.turn_id, record.namespace, record.agent, record.conversation_id)
-        expired += 1
-    stalled = 0
-    for turn in records.take_due(
-        shard, shard.pending, limit=BATCH, bump_ms=stall_ms, lag_ms=stall_ms
-    ):
-        if backlog.messages_waiting():
-            break  # taken turns are pushed back a stall interval: looked at again then
+        return 1
+
+    def wake_stalled(turn: Due) -> int:
         record = records.get(turn.turn_id, turn.namespace)
         if record is None or record.state is not TurnState.QUEUED:
             ctx.redis.zrem(shard.pending, turn.turn_id)
-            continue
+            return 0
         at_head = records.conversation_head(record.namespace) == turn.turn_id
         if (not record.namespace or at_head) and records.lease_holder(record.namespace) is None:
             wake(turn.turn_id, record.namespace or None, record.agent, record.conversation_id)
-            stalled += 1
-    return Tick(retries=len(due), expired=expired, stalled=stalled)
+            return 1
+        return 0
+
+    retries = records.sweep(
+        records.take_due(shard, shard.retries, limit=BATCH, bump_ms=stall_ms), wake_due
+    )
+    expired = records.sweep(
+        records.take_due(shard, shard.running, limit=BATCH, bump_ms=lease_ms), wake_expired
+    )
+    stalled = 0
+    candidates = records.take_due(
+        shard, shard.pending, limit=BATCH, bump_ms=stall_ms, lag_ms=stall_ms
+    )
+    # While the broker holds messages, stalled turns are left be (BrokerBacklog); the taken
+    # ones were pushed back a stall interval and are looked at again then.
+    if candidates and not backlog.messages_waiting():
+        stalled = records.sweep(candidates, wake_stalled)
+    return Tick(retries=retries, expired=expired, stalled=stalled)
 
 
 def wake_orphans(ctx: JobContext) -> int:
@@ -168,10 +185,18 @@ def wake_orphans(ctx: JobContext) -> int:
     woken = 0
     workers: dict[bytes, bytes] = ctx.redis.hgetall(ctx.keys.workers)  # type: ignore[assignment]
     for name, raw in workers.items():
-        beat = orjson.loads(raw)
-        if beat["at"] > now_ms - silent_ms:
+        try:
+            beat = orjson.loads(raw)
+            at_ms, turns = (
+                int(beat["at"]),
+                [(str(t), str(n or "")) for t, n in beat.get("received") or []],
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            logger.warning("worker %r left an unreadable heartbeat; removing it", name)
+            ctx.redis.hdel(ctx.keys.workers, name)
             continue
-        turns = beat.get("received") or []
+        if at_ms > now_ms - silent_ms:
+            continue
         if turns:
             logger.warning("worker %s stopped; waking %d turns it held", name.decode(), len(turns))
         for turn_id, namespace in turns:
@@ -202,6 +227,7 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
     logger.info("pump started (every %.2f s)", ctx.settings.pump_interval_s)
     backlog = BrokerBacklog((ctx.settings.turn_queue, ctx.settings.retry_queue))
     down_since: float | None = None
+    failures: set[str] = set()  # each distinct failure is logged once
     while not stop.is_set():
         started = time.monotonic()
         try:
@@ -215,6 +241,14 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
                 logger.warning("pump: Redis unavailable (%s); retrying until it answers", exc)
                 down_since = started
             stop.wait(min(5.0, max(1.0, time.monotonic() - down_since)))
+            continue
+        except Exception as exc:
+            # A defect, not an outage: the pump is every tenant's clock, so it logs and goes
+            # on rather than stop retries, takeovers and deadlines for everyone.
+            if str(exc) not in failures:
+                failures.add(str(exc))
+                logger.exception("pump: a tick failed; going on with the next one")
+            stop.wait(ctx.settings.pump_interval_s)
             continue
         if down_since is not None:
             logger.info("pump: Redis answers again after %.0f s", started - down_since)

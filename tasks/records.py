@@ -31,6 +31,9 @@ stalled past its lease cannot write over the worker that took the turn over. End
 from __future__ import annotations
 
 import functools
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
@@ -38,11 +41,21 @@ from typing import Any
 
 import orjson
 from redis.commands.core import Script
+from redis.exceptions import RedisError
 
 from agent import AgentRunCheckpoint
+from tasks.errors import BadPayload, InvalidTurnRequest, UnreadableRecord
 from tasks.keys import Keys, ShardKeys
+from tasks.payload import deadline_ms
 from tasks.progress import progress_checkpoint
 from tasks.state import StateClient
+from tasks.store import in_namespace_of
+
+logger = logging.getLogger("agentjobs.records")
+
+# How long a first submission's turn-id marker stands: past it, the record it registered is
+# the evidence of who owns the id (claim_turn_id).
+TURN_ID_MARKER_TTL_S = 60
 
 
 class TurnState(StrEnum):
@@ -67,6 +80,7 @@ class Registered(StrEnum):
     CREATED = "created"
     EXISTS = "exists"  # the same turn id with the same request: an idempotent resubmission
     CONFLICT = "conflict"  # the same turn id with another request: refused
+    FOREIGN = "foreign"  # the turn id names a turn of another conversation: refused
 
 
 class ClaimStatus(StrEnum):
@@ -85,7 +99,16 @@ def _text(value: bytes | str) -> str:
 
 def _int(fields: dict[str, str], name: str, default: int = 0) -> int:
     raw = fields.get(name)
-    return int(raw) if raw else default
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        # An older version stored some times as float text ('1.7e+12'): read them as ms.
+        number = float(raw)
+        if not math.isfinite(number):
+            raise
+        return int(number)
 
 
 def _json(fields: dict[str, str], name: str) -> Any:
@@ -149,6 +172,17 @@ class TurnRecord:
 
     @classmethod
     def from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
+        """The record a Redis hash holds, or UnreadableRecord naming what is wrong with it."""
+        try:
+            return cls._from_redis(turn_id, raw)
+        except UnreadableRecord:
+            raise
+        except (KeyError, ValueError, TypeError, AttributeError, orjson.JSONDecodeError) as exc:
+            problem = f"field {exc.args[0]!r} missing" if isinstance(exc, KeyError) else str(exc)
+            raise UnreadableRecord(turn_id, problem[:200]) from None
+
+    @classmethod
+    def _from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
         fields = {_text(k): _text(v) for k, v in raw.items() if not _is_large(k)}
         frames = tuple(_bytes(raw, f"frame:{n}") for n in range(1, _int(fields, "frames") + 1))
         journal = {
@@ -282,6 +316,7 @@ class TurnRecords:
         self._redis = client
         self._keys = keys
         self._scripts: dict[str, Script] = {}
+        self.unreadable_seen: set[str] = set()  # logged once per process
 
     @property
     def keys(self) -> Keys:
@@ -298,7 +333,8 @@ class TurnRecords:
         return self.script(name)(keys=keys, args=args)
 
     def get(self, turn_id: str, namespace: str | None = None) -> TurnRecord | None:
-        """The turn's record; without its namespace every shard is asked (one round trip)."""
+        """The turn's record; without its namespace every shard is asked (one round trip).
+        Raises UnreadableRecord for a record that cannot be read (sweeps use `readable`)."""
         if namespace is not None:
             raw: Any = self._redis.hgetall(self._keys.for_namespace(namespace).turn(turn_id))
             return TurnRecord.from_redis(turn_id, raw) if raw else None
@@ -306,7 +342,90 @@ class TurnRecords:
             for shard in self._keys.all_shards():
                 pipe.hgetall(shard.turn(turn_id))
             found = [raw for raw in pipe.execute() if raw]
-        return TurnRecord.from_redis(turn_id, found[0]) if found else None
+        if not found:
+            return None
+        # A turn id belongs to one namespace (claim_turn_id): more than one record means two
+        # conversations of one shard hold the key, which register.lua refuses; read the first.
+        return TurnRecord.from_redis(turn_id, found[0])
+
+    def find(self, turn_id: str, identity: Mapping[str, Any] | None = None) -> TurnRecord | None:
+        """The record a by-id call acts on: with `identity` (the mapping run_turn takes), a
+        turn of another tenant, principal or conversation is exactly as unknown as a turn that
+        never was, so the call tells its caller nothing about it."""
+        record = self.get(turn_id)
+        if record is None or identity is None:
+            return record
+        try:
+            mine = in_namespace_of(record.namespace, identity)
+        except BadPayload as exc:
+            raise InvalidTurnRequest(exc.field, exc.problem) from None
+        return record if mine else None
+
+    def readable(self, turn_id: str, namespace: str | None = None) -> TurnRecord | None:
+        """`get` for a sweep (the pump, heartbeats, listings): an unreadable record is noted
+        once (note_unreadable) and read as missing, so one damaged record stops nobody."""
+        try:
+            return self.get(turn_id, namespace)
+        except UnreadableRecord as exc:
+            self.note_unreadable(exc)
+            return None
+
+    def sweep(self, items: Iterable[Due], action: Callable[[Due], int]) -> int:
+        """Apply `action` to each due entry of a sweep (the pump), adding up what it returns.
+        One whose record cannot be read, or whose handling fails for a reason of its own, is
+        logged once and skipped (it stays in its index, pushed back in time): no record stops
+        a sweep for everyone else. A store that is away stops the sweep (RedisError)."""
+        done = 0
+        for due in items:
+            try:
+                done += action(due)
+            except RedisError:
+                raise
+            except UnreadableRecord as exc:
+                self.note_unreadable(exc)
+            except Exception as exc:
+                if due.turn_id not in self.unreadable_seen:
+                    logger.exception("turn %s could not be handled; skipping it", due.turn_id)
+                problem = f"it could not be handled: {type(exc).__name__}"
+                self.note_unreadable(UnreadableRecord(due.turn_id, problem))
+        return done
+
+    def note_unreadable(self, exc: UnreadableRecord) -> None:
+        """Log an unreadable record once per process and add it to the set `agentjobs stats`
+        counts (best effort: a store that refuses the write still lets the sweep go on)."""
+        if exc.turn_id in self.unreadable_seen:
+            return
+        self.unreadable_seen.add(exc.turn_id)
+        logger.error("%s", exc)
+        try:
+            self._redis.sadd(self._keys.unreadable_records, exc.turn_id)
+        except Exception as write_error:  # noted in the log above; counting is a nicety
+            logger.debug("could not count unreadable record %s: %s", exc.turn_id, write_error)
+
+    def owner_of(self, turn_id: str) -> set[str]:
+        """The namespaces holding a record of `turn_id`, over every shard (one round trip)."""
+        with self._redis.pipeline(transaction=False) as pipe:
+            for shard in self._keys.all_shards():
+                pipe.hget(shard.turn(turn_id), "namespace")
+            return {_text(found) for found in pipe.execute() if found is not None}
+
+    def claim_turn_id(self, turn_id: str, namespace: str) -> bool:
+        """Whether `turn_id` may name a turn of `namespace`: no other conversation holds a
+        record, result or dead letter of it (a dead-lettered record lives as long as its entry,
+        a finished one as long as its Celery result). The short-lived marker makes two
+        concurrent first submissions of one id for two conversations agree on one of them;
+        after it expires the record is the evidence. One round trip."""
+        marker = self._keys.turn_id_owner(turn_id)
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.set(marker, namespace, nx=True, ex=TURN_ID_MARKER_TTL_S)
+            pipe.get(marker)
+            for shard in self._keys.all_shards():
+                pipe.hget(shard.turn(turn_id), "namespace")
+            replies = pipe.execute()
+        marked = replies[1]
+        if marked is not None and _text(marked) != namespace:
+            return False
+        return all(_text(found) == namespace for found in replies[2:] if found is not None)
 
     def register(
         self,
@@ -326,18 +445,10 @@ class TurnRecords:
         recorded is left as it is."""
         k = self._keys.for_namespace(namespace)
         args: list[Any] = [turn_id, payload, agent, conversation_id, namespace, checkpoint]
-        args += [replay_of, int(deadline_s * 1000), trace]
+        args += [replay_of, deadline_ms(deadline_s) if deadline_s else 0, trace]
         keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id), k.deadlines]
         created = int(self._run("register", keys, args))
         return {1: Registered.CREATED, 0: Registered.EXISTS}.get(created, Registered.CONFLICT)
-
-    def own_turn_id(self, turn_id: str, namespace: str, ttl_s: int) -> bool:
-        """Reserve a caller-chosen turn id for `namespace`; False when another conversation
-        holds it."""
-        key = self._keys.turn_id_owner(turn_id)
-        if self._redis.set(key, namespace, nx=True, ex=ttl_s):
-            return True
-        return _text(self._redis.get(key) or b"") == namespace
 
     def unregister(self, turn_id: str, namespace: str) -> None:
         """Undo register for a turn whose message could not be published."""

@@ -27,6 +27,9 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 PROVIDERS = ("scripted", "openai", "anthropic")
 # Redis Cluster has 16384 hash slots: more index shards than that cannot spread further.
 MAX_INDEX_SHARDS = 16384
+# The longest duration any setting may name (ten years): every time the scripts store is an
+# integer of ms, far inside a double's exact range.
+MAX_SECONDS = 10 * 365 * 24 * 3600
 
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _QUEUE = re.compile(r"[^\s,]+")
@@ -64,6 +67,9 @@ class Settings:
     # A turn must end within this many seconds of its submission (run_turn's deadline_s
     # overrides it), retries included; past it the pump dead-letters it as deadline_exceeded.
     turn_deadline_s: float = 3600.0
+    # The longest deadline a turn may ask for (run_turn's deadline_s): every stored time stays
+    # an integer of ms, and a typo cannot park a conversation for a century.
+    max_deadline_s: float = 7 * 24 * 3600.0
     # A turn paused for a person's decision waits this long at most, then it is dead-lettered
     # as pause_expired. Time paused does not count toward its deadline.
     pause_ttl_s: float = 7 * 24 * 3600.0
@@ -121,6 +127,7 @@ def load_settings(
         pump_interval_s=env.seconds("AGENTJOBS_PUMP_INTERVAL_S", Settings.pump_interval_s),
         stall_after_s=env.seconds("AGENTJOBS_STALL_AFTER_S", Settings.stall_after_s),
         turn_deadline_s=env.seconds("AGENTJOBS_TURN_DEADLINE_S", Settings.turn_deadline_s),
+        max_deadline_s=env.seconds("AGENTJOBS_MAX_DEADLINE_S", Settings.max_deadline_s),
         pause_ttl_s=env.seconds("AGENTJOBS_PAUSE_TTL_S", Settings.pause_ttl_s),
         result_grace_s=env.seconds("AGENTJOBS_RESULT_GRACE_S", Settings.result_grace_s),
         shutdown_grace_s=env.seconds("AGENTJOBS_SHUTDOWN_GRACE_S", Settings.shutdown_grace_s),
@@ -149,6 +156,11 @@ def load_settings(
         raise SettingsError(
             "AGENTJOBS_BACKOFF_MAX_S must be at least AGENTJOBS_BACKOFF_BASE_S, "
             f"got {settings.backoff_max_s:g} < {settings.backoff_base_s:g}"
+        )
+    if settings.turn_deadline_s > settings.max_deadline_s:
+        raise SettingsError(
+            "AGENTJOBS_TURN_DEADLINE_S must be at most AGENTJOBS_MAX_DEADLINE_S, "
+            f"got {settings.turn_deadline_s:g} > {settings.max_deadline_s:g}"
         )
     if settings.turn_queue == settings.retry_queue:
         raise SettingsError(
@@ -233,16 +245,22 @@ class _Environment:
             number = float(value)
         except ValueError:
             number = math.nan
-        if not math.isfinite(number) or number <= 0:
-            raise SettingsError(f"{variable} must be a number of seconds > 0, got {value!r}")
+        if not math.isfinite(number) or number <= 0 or number > MAX_SECONDS:
+            raise SettingsError(
+                f"{variable} must be a number of seconds > 0 and at most {MAX_SECONDS:g}, "
+                f"got {value!r}"
+            )
         return number
 
     def whole_seconds(self, variable: str, default: int) -> int:
         value = self.raw(variable)
         if value is None:
             return default
-        if not value.isdigit() or int(value) <= 0:
-            raise SettingsError(f"{variable} must be a whole number of seconds > 0, got {value!r}")
+        if not value.isdigit() or not 0 < int(value) <= MAX_SECONDS:
+            raise SettingsError(
+                f"{variable} must be a whole number of seconds > 0 and at most {MAX_SECONDS:g}, "
+                f"got {value!r}"
+            )
         return int(value)
 
     def count(self, variable: str, default: int, *, maximum: int | None = None) -> int:

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from tasks.context import job_context
 from tasks.pauses import PendingAction, pending_actions
 from tasks.records import TurnRecord, TurnState
+from tasks.store import owner_of_namespace
 
 
 def _when(epoch_ms: int) -> datetime | None:
@@ -21,6 +24,10 @@ class TurnStatus:
     state: TurnState
     agent: str
     conversation_id: str
+    # Whose turn it is (the identity run_turn was given; None where it named none): a handler
+    # that serves turns by id checks these, or passes the caller's identity to turn_status.
+    tenant: str | None
+    principal: str | None
     attempt: int  # 1 for the first
     iteration: int  # in flight or last persisted, counted across attempts
     due_at: datetime | None  # while waiting
@@ -35,11 +42,14 @@ class TurnStatus:
 
     @classmethod
     def of(cls, record: TurnRecord, queued_behind: str | None) -> TurnStatus:
+        tenant, principal = owner_of_namespace(record.namespace)
         return cls(
             turn_id=record.turn_id,
             state=record.state,
             agent=record.agent,
             conversation_id=record.conversation_id,
+            tenant=tenant,
+            principal=principal,
             attempt=record.attempt,
             iteration=record.iteration or (1 if record.state is not TurnState.QUEUED else 0),
             due_at=_when(record.due_at_ms) if record.state is TurnState.WAITING else None,
@@ -54,10 +64,11 @@ class TurnStatus:
         )
 
 
-def turn_status(turn_id: str) -> TurnStatus | None:
-    """The turn's status, or None for an id never submitted (or whose record expired)."""
+def turn_status(turn_id: str, identity: Mapping[str, Any] | None = None) -> TurnStatus | None:
+    """The turn's status, or None for an id never submitted (or whose record expired), or,
+    with `identity` ({tenant?, principal?} as run_turn takes it), a turn of another one."""
     ctx = job_context()
-    record = ctx.records.get(turn_id)
+    record = ctx.records.find(turn_id, identity)
     if record is None:
         return None
     behind = None

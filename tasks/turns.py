@@ -68,10 +68,11 @@ from tasks.errors import (
     Reason,
     StateLost,
     TurnDeadLettered,
+    UnreadableRecord,
 )
 from tasks.journal import call_fields, read_journal, response_fields
 from tasks.pauses import pending_actions, recorded_decisions, requests_json
-from tasks.payload import TurnRequest, parse_payload, registration_of
+from tasks.payload import TurnRequest, check_turn_id, parse_payload, registration_of
 from tasks.progress import FrameWriter, apply_frames
 from tasks.records import ClaimStatus, Registered, TurnRecord
 from tasks.redact import redact
@@ -144,13 +145,15 @@ def register_turn(
     checkpoint: bytes = b"",
     replay_of: str = "",
     request: TurnRequest | None = None,
+    fresh: bool = False,
 ) -> tuple[str, Registered]:
     """Record a submitted turn behind its conversation's earlier turns; returns its namespace
     ('' for a payload too broken to queue) and whether it was new. `request` is `kwargs`
-    already parsed, when the caller has it."""
+    already parsed, when the caller has it; `fresh` says this process made the id up (a
+    uuid nobody else can hold), so its ownership needs no check."""
     if request is None:
         with contextlib.suppress(BadPayload):
-            request = parse_payload(kwargs)
+            request = parse_payload(kwargs, max_deadline_s=ctx.settings.max_deadline_s)
     if request is not None:
         agent_name, conversation_id, namespace = (
             request.agent,
@@ -159,6 +162,8 @@ def register_turn(
         )
     else:
         agent_name, conversation_id, namespace = registration_of(kwargs)
+    if not fresh and not ctx.records.claim_turn_id(turn_id, namespace):
+        return namespace, Registered.FOREIGN
     deadline_s = (request.deadline_s if request else None) or ctx.settings.turn_deadline_s
     registered = ctx.records.register(
         turn_id,
@@ -174,7 +179,7 @@ def register_turn(
     return namespace, registered
 
 
-def check_request(args: Any, kwargs: Any) -> TurnRequest:
+def check_request(args: Any, kwargs: Any, *, max_deadline_s: float) -> TurnRequest:
     """run_turn.delay's arguments as a turn, or InvalidTurnRequest naming what is wrong."""
     if args:
         raise InvalidTurnRequest(
@@ -183,7 +188,14 @@ def check_request(args: Any, kwargs: Any) -> TurnRequest:
             "conversation_id=..., message=...)",
         )
     try:
-        return parse_payload(kwargs or {})
+        return parse_payload(kwargs or {}, max_deadline_s=max_deadline_s)
+    except BadPayload as exc:
+        raise InvalidTurnRequest(exc.field, exc.problem) from None
+
+
+def check_task_id(task_id: object) -> str:
+    try:
+        return check_turn_id(task_id)
     except BadPayload as exc:
         raise InvalidTurnRequest(exc.field, exc.problem) from None
 
@@ -199,35 +211,34 @@ class SubmitTurnTask(Task):  # type: ignore[misc]
         task_id: str | None = None,
         **options: Any,
     ) -> Any:
-        request = check_request(args, kwargs)
         ctx = job_context()
-        if task_id is None:
-            task_id = str(uuid.uuid4())
-        else:
-            ttl_s = ctx.settings.record_ttl_s + int(
-                request.deadline_s or ctx.settings.turn_deadline_s
-            )
-            if not ctx.records.own_turn_id(task_id, request.namespace, ttl_s):
-                raise InvalidTurnRequest(
-                    "task_id", f"{task_id!r} names a turn of another conversation; use a new id"
-                )
-        namespace, registered = register_turn(ctx, task_id, kwargs, request=request)
+        request = check_request(args, kwargs, max_deadline_s=ctx.settings.max_deadline_s)
+        fresh = task_id is None
+        task_id = str(uuid.uuid4()) if task_id is None else check_task_id(task_id)
+        namespace, registered = register_turn(ctx, task_id, kwargs, request=request, fresh=fresh)
+        if registered is Registered.FOREIGN:
+            # Neither the other conversation nor its tenant is named: the caller may not know it.
+            raise InvalidTurnRequest("task_id", "names another turn; choose a new id")
         if registered is Registered.CONFLICT:
             raise InvalidTurnRequest(
-                "task_id", f"{task_id!r} was submitted with another request; use a new id"
+                "task_id", "was submitted with another request; choose a new id"
             )
         if registered is Registered.EXISTS:
             return self.AsyncResult(task_id)  # the same request again: the same turn
-        # The store's epoch goes with the message: a worker that finds no record for it can
-        # tell a lost store from an unknown turn (tasks/state.py).
-        options["headers"] = {**(options.get("headers") or {}), STAMP_HEADER: ctx.epoch.stamp()}
         try:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
+            return self.publish(task_id, kwargs, **options)
         except Exception:
             # Nothing was published: take the turn back so it does not run behind the
             # caller's back when the caller retries with a new id.
             ctx.records.unregister(task_id, namespace)
             raise
+
+    def publish(self, turn_id: str, kwargs: Any, **options: Any) -> Any:
+        """Publish a registered turn's message, stamped with the store's epoch: a worker that
+        finds no record for it can tell a lost store from an unknown turn (tasks/state.py)."""
+        stamp = job_context().epoch.stamp()
+        options["headers"] = {**(options.get("headers") or {}), STAMP_HEADER: stamp}
+        return super().apply_async(None, kwargs, task_id=turn_id, **options)
 
 
 _TASK_OPTIONS: dict[str, Any] = {
@@ -278,10 +289,12 @@ def _stamp(request: Any) -> dict[str, Any] | None:
 
 def submit_turn(turn_id: str, kwargs: Any, *, checkpoint: bytes = b"", replay_of: str = "") -> None:
     """Register and publish a turn outside run_turn.delay (a dead-letter replay), resuming
-    `checkpoint` when given. Idempotent for one turn_id: registering is a no-op the second
-    time and a duplicate message is dropped by the turn record."""
-    register_turn(job_context(), turn_id, kwargs, checkpoint=checkpoint, replay_of=replay_of)
-    run_turn.apply_async(kwargs=kwargs if isinstance(kwargs, dict) else {}, task_id=turn_id)
+    `checkpoint` when given; `turn_id` is one this process made up. Its message goes out at
+    once, so it starts as soon as a worker is free. Idempotent for one turn_id: registering
+    is a no-op the second time and a duplicate message is dropped by the turn record."""
+    ctx = job_context()
+    register_turn(ctx, turn_id, kwargs, checkpoint=checkpoint, replay_of=replay_of, fresh=True)
+    run_turn.publish(turn_id, kwargs if isinstance(kwargs, dict) else {})
 
 
 def wake(
@@ -330,7 +343,9 @@ def drive_turn(
         if claim.status is ClaimStatus.MISSING:
             _refuse_lost_state(ctx, turn_id, namespace, submitted, stamp, known, worker=worker)
         if claim.status is ClaimStatus.MISSING and submitted is not None:
-            register_turn(ctx, turn_id, submitted)  # sent without going through run_turn.delay
+            # Sent without going through run_turn.delay (app.send_task, a forged message).
+            if register_turn(ctx, turn_id, submitted)[1] is Registered.FOREIGN:
+                _drop_foreign(turn_id)
             claim = ctx.records.claim(turn_id, namespace, token, lease_ttl_s, worker)
         if claim.record is None:
             logger.info("turn %s not run by this delivery: %s", turn_id, claim.status)
@@ -341,11 +356,23 @@ def drive_turn(
             ctx.leases.holding(turn_id, namespace, token, on_renewed=turn.report_running),
         ):
             return turn.finish(turn.attempt_once())
+    except UnreadableRecord as exc:
+        ctx.records.note_unreadable(exc)  # nothing can be run or ended from it
+        raise Ignore() from None
     except redis.RedisError as exc:
         # Redis is unreachable: nothing can be recorded now. The turn's lease runs out and the
         # pump wakes it again once Redis answers.
         logger.warning("turn %s: Redis unavailable (%s); leaving it to recovery", turn_id, exc)
         raise Ignore() from None
+
+
+def _drop_foreign(turn_id: str) -> None:
+    """A message that would make `turn_id` a turn of a second conversation: dropped, and the
+    turn that owns the id is left as it is."""
+    logger.warning(
+        "message for turn %s dropped: that id names a turn of another conversation", turn_id
+    )
+    raise Ignore()
 
 
 def _namespace_of(
@@ -393,6 +420,8 @@ def _refuse_lost_state(
         agent_name, conversation_id, _ = registration_of(submitted)
     else:
         conversation_id = str(payload.get("conversation_id", ""))
+    if not ctx.records.claim_turn_id(turn_id, namespace):
+        _drop_foreign(turn_id)
     ctx.records.register(
         turn_id,
         payload=orjson.dumps(payload),
@@ -414,7 +443,8 @@ def _dead_letter_bad_payload(
     """A turn that was never queued: dead-letter it as bad_payload (token '': no claim)."""
     record = ctx.records.get(turn_id, "")
     if record is None and submitted is not None:
-        register_turn(ctx, turn_id, submitted)
+        if register_turn(ctx, turn_id, submitted)[1] is Registered.FOREIGN:
+            _drop_foreign(turn_id)
         record = ctx.records.get(turn_id, "")
     if record is None or record.state.terminal:
         return

@@ -65,7 +65,7 @@ def test_fuzzed_payloads_end_cleanly_on_a_real_worker(jobs: Any) -> None:
         # Sent around run_turn.delay, whose submission check refuses what the worker would
         # dead-letter as bad_payload: the worker must handle whatever arrives.
         try:
-            check_request((), payload)
+            check_request((), payload, max_deadline_s=7 * 24 * 3600)
         except InvalidTurnRequest:
             refused = True
         else:
