@@ -24,11 +24,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import redis
@@ -85,6 +86,32 @@ from tasks.telemetry import AttemptTrace, current_trace
 from tasks.telemetry import attempt as trace_attempt
 
 logger = logging.getLogger("agentjobs.turns")
+
+
+_T = TypeVar("_T")
+
+# How a turn waits for a store that refuses its writes: from the first retry to the longest.
+STORE_RETRY_FIRST_S = 0.1
+STORE_RETRY_MAX_S = 2.0
+# Errors that mean the store refuses writes for now (full, a replica, still loading, failing
+# over, unreachable), not that the write is wrong. redis-py maps OOM, READONLY and LOADING
+# replies to their own classes (and drops the code from the text); the rest keep theirs.
+_REFUSED = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.BusyLoadingError,
+)
+_REFUSAL_CODES = ("TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "NOREPLICAS", "OOM", "READONLY")
+
+
+def store_refused(exc: redis.RedisError) -> bool:
+    """Whether a Redis error is the store refusing writes for a while, not a defect of the
+    write itself."""
+    if isinstance(exc, _REFUSED):
+        return True
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(_REFUSAL_CODES)
 
 
 class Outcome(StrEnum):
@@ -485,6 +512,43 @@ class _Turn:
         # The attempt's spans (tasks/telemetry.py), fed by the hooks; None when not tracing.
         self.trace: AttemptTrace | None = None
 
+    def _write(self, write: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """A write of this turn to the store, tried again while the store refuses it (full,
+        read-only, away). A refusal is not a crash of the turn: giving the turn up here would
+        let its lease run out and count the next start toward poison, and run again the tool
+        rounds it could not persist. The lease keeper goes on renewing meanwhile; a lease
+        lost all the same shows in the write's own answer once the store takes writes."""
+        delay_s = STORE_RETRY_FIRST_S
+        refused_since: float | None = None
+        while True:
+            try:
+                result = write(*args, **kwargs)
+            except redis.RedisError as exc:
+                if not store_refused(exc) or self.ctx.leases.draining or self._overdue():
+                    raise
+                if refused_since is None:
+                    refused_since = time.monotonic()
+                    logger.warning(
+                        "turn %s: the store refuses writes (%s); holding the turn and trying again",
+                        self.turn_id,
+                        exc,
+                    )
+                time.sleep(delay_s)
+                delay_s = min(STORE_RETRY_MAX_S, delay_s * 2)
+                continue
+            if refused_since is not None:
+                logger.info(
+                    "turn %s: the store took the write after %.1f s",
+                    self.turn_id,
+                    time.monotonic() - refused_since,
+                )
+            return result
+
+    def _overdue(self) -> bool:
+        """Past the turn's deadline (the pump ends it then): stop holding it for the store."""
+        deadline_ms = self.record.deadline_at_ms
+        return bool(deadline_ms) and time.time() * 1000 > deadline_ms
+
     def attempt_once(self) -> Decision:
         settings = self.ctx.settings
         if self.record.deliveries > settings.max_deliveries:
@@ -604,8 +668,12 @@ class _Turn:
         self.model_calls += 1
         if self.ctx.leases.draining:
             raise HandedOver(self.turn_id)
-        if self.model_calls > 1 and not self.ctx.records.renew(
-            self.turn_id, self.namespace, self.token, self.ctx.settings.lease_ttl_s
+        if self.model_calls > 1 and not self._write(
+            self.ctx.records.renew,
+            self.turn_id,
+            self.namespace,
+            self.token,
+            self.ctx.settings.lease_ttl_s,
         ):
             raise LeaseLost(self.turn_id)
         if self.trace is not None:  # past the check point: the call is made
@@ -634,7 +702,8 @@ class _Turn:
         # Held while writing: a parallel call starts only once the response is journaled.
         with self.journal_lock:
             fields = {**(self.unwritten_response or {}), **call_fields(report)}
-            if not self.ctx.records.write_journal(
+            if not self._write(
+                self.ctx.records.write_journal,
                 self.turn_id,
                 self.namespace,
                 self.token,
@@ -653,7 +722,8 @@ class _Turn:
         with self.journal_lock:
             unwritten, self.unwritten_response = self.unwritten_response, None
         ttl_s = self.ctx.settings.pause_ttl_s
-        expires_ms = self.ctx.records.pause(
+        expires_ms = self._write(
+            self.ctx.records.pause,
             self.turn_id,
             self.namespace,
             self.token,
@@ -687,12 +757,17 @@ class _Turn:
         is journaled first, so the next worker does not ask the model again."""
         with self.journal_lock:
             unwritten, self.unwritten_response = self.unwritten_response, None
-        if unwritten and not self.ctx.records.write_journal(
-            self.turn_id, self.namespace, self.token, unwritten
+        if unwritten and not self._write(
+            self.ctx.records.write_journal, self.turn_id, self.namespace, self.token, unwritten
         ):
             return  # no longer ours: nothing to hand over
-        woken = self.ctx.records.hand_over(
-            self.turn_id, self.namespace, self.token, worker=self.record.worker, reason="shutdown"
+        woken = self._write(
+            self.ctx.records.hand_over,
+            self.turn_id,
+            self.namespace,
+            self.token,
+            worker=self.record.worker,
+            reason="shutdown",
         )
         if woken is None:
             return
@@ -711,7 +786,8 @@ class _Turn:
             return
         if report.kind is ProgressKind.ROUND:
             self.iteration += 1
-        if not self.ctx.records.renew(
+        if not self._write(
+            self.ctx.records.renew,
             self.turn_id,
             self.namespace,
             self.token,
@@ -733,7 +809,8 @@ class _Turn:
             "attempts": self.attempt,
         }
         envelope = envelope_bytes(result.checkpoint)
-        ended = self.ctx.records.succeed(
+        ended = self._write(
+            self.ctx.records.succeed,
             self.turn_id,
             self.namespace,
             self.token,
@@ -758,7 +835,8 @@ class _Turn:
             retry_after_s=retry_after if isinstance(retry_after, int | float) else None,
         )
         text = redact(f"{type(error).__name__}: {error}")
-        due_ms = self.ctx.records.schedule_retry(
+        due_ms = self._write(
+            self.ctx.records.schedule_retry,
             self.turn_id,
             self.namespace,
             self.token,
@@ -803,7 +881,8 @@ class _Turn:
         self, reason: Reason, error: BaseException, checkpoint: AgentRunCheckpoint | None
     ) -> None:
         checkpoint = checkpoint or self.last_checkpoint
-        entry_id, error_text, ended = file_dead_letter(
+        entry_id, error_text, ended = self._write(
+            file_dead_letter,
             self.ctx.records,
             self.record,
             self.token,

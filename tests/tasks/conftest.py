@@ -22,6 +22,7 @@ TEST_AGENTS = {
     "support": "tests.tasks.agents:build_support_agent",
     "crasher": "tests.tasks.agents:build_crasher_agent",
     "leaky": "tests.tasks.agents:build_leaky_agent",
+    "leaky_tool": "tests.tasks.agents:build_leaky_tool_agent",
     "broken": "tests.tasks.agents:build_nothing",
     "raising": "tests.tasks.agents:build_raising",
     "journal_idempotent": "tests.tasks.agents:build_journal_idempotent",
@@ -29,6 +30,7 @@ TEST_AGENTS = {
     "journal_parallel_idempotent": "tests.tasks.agents:build_journal_parallel_idempotent",
     "journal_parallel_unsafe": "tests.tasks.agents:build_journal_parallel_unsafe",
     "person": "tests.tasks.agents:build_person_agent",
+    "store_rounds": "tests.tasks.store_agents:build_store_rounds",
 }
 
 

@@ -328,3 +328,49 @@ def test_without_an_identity_a_turn_id_is_a_capability(jobs: Any) -> None:
     assert cancel_turn(result.id, reason="by id alone")
     status = turn_status(result.id)
     assert status is not None and status.state is TurnState.CANCELLED
+
+
+# -- a store that refuses writes ------------------------------------------------------------------
+
+
+def test_a_full_redis_never_makes_healthy_turns_poison(
+    make_jobs: Any, redis_server: Any, tmp_path: Any
+) -> None:
+    """Redis at maxmemory (noeviction) on and off for a while, as when it hovers at its limit:
+    small writes get through now and then, progress writes are refused. Every turn running
+    then must end succeeded, none as poison, and no tool round may run twice."""
+    import redis as redis_py
+
+    jobs = make_jobs(TEST_RUNS_DIR=str(tmp_path))
+    jobs.worker(concurrency=8)
+    jobs.pump()
+    tags = [f"t{n}" for n in range(8)]
+    results = [
+        run_turn.delay(agent="store_rounds", conversation_id=f"c-{tag}", message=f"{tag} rounds:8")
+        for tag in tags
+    ]
+    wait_until(lambda: all((tmp_path / tag).exists() for tag in tags), 20, "every turn to start")
+    admin = redis_py.Redis.from_url(redis_server.url)
+    previous = admin.config_get("maxmemory*")
+    admin.config_set("maxmemory-policy", "noeviction")
+    refused_until = time.monotonic() + 12  # four 3 s leases
+    try:
+        while time.monotonic() < refused_until:
+            admin.config_set("maxmemory", "1")
+            time.sleep(2.5)
+            admin.config_set("maxmemory", previous["maxmemory"])
+            time.sleep(0.3)
+    finally:
+        admin.config_set("maxmemory", previous["maxmemory"])
+        admin.config_set("maxmemory-policy", previous["maxmemory-policy"])
+        admin.close()
+    for tag, result in zip(tags, results, strict=True):
+        assert result.get(timeout=90)["content"] == f"{tag} done after 8 steps"
+    for tag, result in zip(tags, results, strict=True):
+        starts = (tmp_path / tag).read_text().split()
+        steps = [int(n) for n in starts[::2]]
+        assert sorted(steps) == list(range(1, 9)), f"{tag}: steps ran {steps}"
+        record = job_context().records.get(result.id)
+        assert record is not None and record.state is TurnState.SUCCEEDED
+        assert record.attempt == 1
+    assert "poison" not in jobs.logs()
