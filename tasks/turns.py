@@ -245,7 +245,9 @@ class SubmitTurnTask(Task):  # type: ignore[misc]
         namespace, registered = register_turn(ctx, task_id, kwargs, request=request, fresh=fresh)
         if registered is Registered.FOREIGN:
             # Neither the other conversation nor its tenant is named: the caller may not know it.
-            raise InvalidTurnRequest("task_id", "names another turn; choose a new id")
+            raise InvalidTurnRequest(
+                "task_id", "names a turn of another conversation; choose a new id"
+            )
         if registered is Registered.CONFLICT:
             raise InvalidTurnRequest(
                 "task_id", "was submitted with another request; choose a new id"
