@@ -101,6 +101,7 @@ from agent.messages import (
 )
 from agent.middleware import InputMiddleware, run_input_chain
 from agent.pauses import Decision, RunPause, person_request, rejected_text
+from agent.redact import redact_tool_error
 from agent.repeated_calls import RepeatedCalls
 from agent.skills import SkillGraph
 from agent.timeouts import CallTimedOut, call_with_timeout, check_timeout_s
@@ -307,7 +308,10 @@ class Agent:
     `compaction` (fold old messages into summaries), `evidence_check` (one bounded revision of
     the answer per turn). `tool_timeout_s` is the time limit of every tool call whose tool has
     no `timeout_s` of its own (None: no limit). With `parallel_tools` the calls of one model
-    response run at the same time; their tool messages keep the model's order.
+    response run at the same time; their tool messages keep the model's order. The text of a
+    tool's exception is redacted (agent/redact.py; the provider's `redact`, when it has one)
+    before anything holds it; `redact_tool_errors` (text -> text) adds a host's own rules, run
+    first (the job system's: the values of its secret environment variables).
     """
 
     def __init__(
@@ -327,6 +331,7 @@ class Agent:
         evidence_check: EvidenceCheck | None = None,
         tool_timeout_s: float | None = None,
         parallel_tools: bool = False,
+        redact_tool_errors: Callable[[str], str] | None = None,
     ) -> None:
         if not callable(getattr(provider, "complete", None)):
             raise TypeError("Agent(provider=...) needs an object with complete(request)")
@@ -358,6 +363,9 @@ class Agent:
         if not isinstance(parallel_tools, bool):
             raise TypeError("Agent(parallel_tools=...) must be True or False")
         self.parallel_tools = parallel_tools
+        if redact_tool_errors is not None and not callable(redact_tool_errors):
+            raise TypeError("Agent(redact_tool_errors=...) must be a function of text to text")
+        self.redact_tool_errors = redact_tool_errors
         self._lock = threading.Lock()
         self._active_run_id: str | None = None
         self._ever_ran = False
@@ -990,10 +998,26 @@ class Agent:
         except Exception as exc:
             # Reported to the model, which decides what to do next (fixture c1); an empty
             # message is an empty result, as the reference writes it.
-            text, ok = unicode_text(str(exc)), False
+            text, ok = unicode_text(self._redact_tool_error(exc)), False
         if hook is not None:
             hook(report(ToolCallPhase.FINISHED, ok=ok, content=text, landed=landed))
         return text, landed
+
+    def _redact_tool_error(self, exc: Exception) -> str:
+        """A tool's exception text without secrets, before the history, a hook or the model
+        holds it: the host's rules (`redact_tool_errors`) first, then the provider's own (its
+        `redact`, when it has one: its key and endpoint), then agent/redact.py's."""
+        provider_redact = getattr(self.provider, "redact", None)
+        try:
+            text = str(exc)
+            if self.redact_tool_errors is not None:
+                text = self.redact_tool_errors(text)
+            if callable(provider_redact):
+                text = provider_redact(text)
+        except Exception:
+            # Text that could not be redacted is not passed on, whatever failed.
+            return f"{type(exc).__name__} (its message is withheld: it could not be redacted)"
+        return redact_tool_error(text)
 
     def _tool_context(
         self, state: _Run, call: Mapping[str, Any], key: str, attempt: int

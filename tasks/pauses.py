@@ -32,9 +32,10 @@ from agent import Decision, PendingRequest
 from agent.pauses import request_dict, request_from_dict
 from tasks.context import JobContext, job_context
 from tasks.control import force_dead_letter, wake_turn
-from tasks.errors import ActionConflict, PauseExpired, Reason
+from tasks.errors import ActionConflict, BadPayload, PauseExpired, Reason
 from tasks.journal import REQUESTS
 from tasks.keys import ShardKeys
+from tasks.payload import MAX_JSON_DEPTH, check_json_value
 from tasks.records import Due, TurnRecord, TurnState
 from tasks.store import owner_of_namespace
 
@@ -155,6 +156,12 @@ def _decision_of(body: Mapping[str, Any]) -> Decision:
     return Decision.reject(str(body.get("message", "")))
 
 
+_PLAIN_JSON = (
+    "send JSON values only (strings, finite numbers, integers within 64 bits, booleans, null, "
+    f"lists, objects with string keys, at most {MAX_JSON_DEPTH} levels deep) and approve again"
+)
+
+
 def approve_action(
     turn_id: str,
     request_id: str,
@@ -168,7 +175,14 @@ def approve_action(
     if edited_args is not None and not isinstance(edited_args, Mapping):
         raise ActionConflict(turn_id, request_id, "edited_args must be a mapping of arguments")
     edited = dict(edited_args) if edited_args is not None else None
-    body = _body("approve", editedArgs=edited)
+    try:
+        # Refused here, before anything is stored: orjson would raise deep inside, or write
+        # NaN as null, and the tool would run with arguments nobody approved.
+        check_json_value(edited, "edited_args")
+        body = _body("approve", editedArgs=edited)
+    except (BadPayload, TypeError) as bad:
+        problem = bad.problem if isinstance(bad, BadPayload) else "is not JSON"
+        raise ActionConflict(turn_id, request_id, f"edited_args {problem}; {_PLAIN_JSON}") from None
     return _decide(turn_id, request_id, "approve", body, actor, identity)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 
 from agent import Agent
 from tasks.errors import AgentUnavailable, UnknownAgent
+from tasks.redact import tool_error_redactor
 
 
 @functools.lru_cache(maxsize=256)
@@ -52,6 +53,8 @@ def build_agent(name: str, agents: Mapping[str, str]) -> Agent:
     if not isinstance(built, Agent):
         problem = f"{target} returned {type(built).__name__}, not an agent.Agent"
         raise AgentUnavailable(name, problem)
+    # A tool's exception text loses this process's secret environment values too.
+    built.redact_tool_errors = tool_error_redactor(built.redact_tool_errors)
     return built
 
 

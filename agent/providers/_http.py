@@ -1,15 +1,15 @@
 """What the HTTP providers share: one pooled client, error mapping, retry-after, redaction.
 
 Every failure leaves here as a ProviderError subclass whose message, args and attributes hold
-neither the API key nor the endpoint URL: provider error text is redacted before it is quoted,
-and httpx exceptions (whose `.request` carries the auth header) are never chained.
+neither the API key nor the endpoint URL: provider error text is redacted before it is quoted
+(the rules of agent/redact.py, plus the key and every spelling of the endpoint), and httpx
+exceptions (whose `.request` carries the auth header) are never chained.
 """
 
 from __future__ import annotations
 
 import email.utils
 import math
-import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -26,13 +26,11 @@ from agent.errors import (
     ProviderResponseError,
     ProviderTimeoutError,
 )
+from agent.redact import REDACTED, redact_tokens, redact_url_credentials, redact_values
 
-REDACTED = "[redacted]"
 # Longest provider text quoted in an error message (after redaction, so a cut never exposes a
 # fragment of a secret).
 MAX_QUOTED_CHARS = 500
-# Servers echo keys, sometimes masked (`sk-proj-****abcd`); a masked key still leaks its ends.
-_KEY_LIKE = re.compile(r"\bsk-[\w\-*.]{8,}")
 
 
 def parse_retry_after(headers: Mapping[str, str], now_s: float | None = None) -> float | None:
@@ -67,7 +65,9 @@ def _finite_non_negative(value: str | None) -> float | None:
 
 
 class Redactor:
-    """Replaces the key and every spelling of the endpoint (URL, host:port, host) in text."""
+    """Replaces the key and every spelling of the endpoint (URL, host:port, host) in text, then
+    key-shaped and bearer tokens (servers echo keys, sometimes masked: `sk-proj-****abcd`) and
+    the credentials of other URLs."""
 
     def __init__(self, api_key: str | None, urls: Sequence[str]) -> None:
         secrets: set[str] = set()
@@ -76,15 +76,15 @@ class Redactor:
         for url in urls:
             parts = urlsplit(url)
             secrets.update({url, url.rstrip("/"), parts.netloc, parts.hostname or ""})
-        ordered = sorted((s for s in secrets if s), key=len, reverse=True)
-        self._pattern = (
-            re.compile("|".join(re.escape(s) for s in ordered), re.IGNORECASE) if ordered else None
-        )
+        self._secrets = tuple(sorted(s for s in secrets if s))
+
+    def __repr__(self) -> str:
+        return "<Redactor>"
 
     def __call__(self, text: str) -> str:
-        if self._pattern is not None:
-            text = self._pattern.sub(REDACTED, text)
-        return _KEY_LIKE.sub(REDACTED, text)
+        # Host names are case-insensitive, and a server may echo one in capitals.
+        text = redact_values(text, self._secrets, REDACTED, ignore_case=True)
+        return redact_tokens(redact_url_credentials(text, REDACTED), REDACTED)
 
     def quote(self, text: str) -> str:
         redacted = self(text)
@@ -117,6 +117,11 @@ def check_timeout(timeout_s: float) -> float:
 
 class JSONEndpoint:
     """POSTs JSON to one URL through one lazily created, thread-safe, pooled httpx.Client."""
+
+    def redact(self, text: str) -> str:
+        """`text` without this endpoint's key and URLs (for text quoted from elsewhere, such
+        as a tool's error: agent/runtime.py)."""
+        return self._redact(text)
 
     def __init__(
         self,

@@ -77,6 +77,11 @@ class AnthropicProvider:
         """Close the pooled connections; a later call opens new ones."""
         self._endpoint.close()
 
+    def redact(self, text: str) -> str:
+        """`text` without this provider's key and endpoint: the runtime runs a tool's error
+        text through it before the model sees it."""
+        return self._endpoint.redact(text)
+
     def complete(self, request: LLMRequest) -> LLMResponse:
         body = build_body(self.model, self.max_tokens, request)
         if self.thinking_budget_tokens is not None:

@@ -73,6 +73,11 @@ class OpenAIChatProvider:
         """Close the pooled connections; a later call opens new ones."""
         self._endpoint.close()
 
+    def redact(self, text: str) -> str:
+        """`text` without this provider's key and endpoint: the runtime runs a tool's error
+        text through it before the model sees it."""
+        return self._endpoint.redact(text)
+
     def complete(self, request: LLMRequest) -> LLMResponse:
         return parse_response(self._endpoint.post(build_body(self.model, request)))
 

@@ -233,3 +233,36 @@ def build_person_agent() -> Agent:
         model="test-model",
         tools=[lookup, refund, credit, ask_user],
     )
+
+
+# -- a tool whose exception text quotes secrets ---------------------------------------------
+
+# The worker's environment holds this under a secret-looking name (tests/tasks/test_security.py).
+LEAKY_TOOL_ENV = "BILLING_GATEWAY_TOKEN"
+
+
+@tool
+def charge_card(amount: int) -> str:
+    """Charge the card on file."""
+    raise RuntimeError(
+        f"charge of {amount} failed: key sk-proj-Q3xT9vLm2NpR7sWk4YbZ8cDe, fallback "
+        "sk-ant-api03-H8jK2mN5pQ7rT1vXy, 'Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.c2VjcmV0.x' "
+        "to https://svc-user:hunter2-Pa55word@billing.internal.example/v2/charges, gateway "
+        f"token {os.environ.get(LEAKY_TOOL_ENV, '')}"
+    )
+
+
+class _EchoToolProvider:
+    """Asks for charge_card, then answers with the tool's text verbatim, as a model may."""
+
+    name = "echo-tool"
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        results = [str(m["content"]) for m in request.messages if m.get("role") == "tool"]
+        if results:
+            return LLMResponse(content="the tool said: " + results[-1])
+        return LLMResponse(tool_calls=[ToolCall("c1", "charge_card", {"amount": 5})])
+
+
+def build_leaky_tool_agent() -> Agent:
+    return Agent(provider=_EchoToolProvider(), model="test-model", tools=[charge_card])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -105,6 +106,73 @@ def test_approve_with_edited_args_runs_the_edited_call(jobs: Any) -> None:
     with pytest.raises(ActionConflict, match="mapping"):
         approve_action(result.id, action.request_id, edited_args=["B"])  # type: ignore[arg-type]
     approve_action(result.id, action.request_id, edited_args={"order_id": "B", "tag": tag})
+    assert result.get(timeout=30)["content"] == "done: A shipped | refunded B"
+    assert runs(jobs, tag) == ["lookup A", "refund B"]
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "A"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class _Order:
+    pass
+
+
+NOT_JSON = [
+    pytest.param({"order_id": {"A", "B"}}, "edited_args holds a set", id="set"),
+    pytest.param({"order_id": b"A"}, "edited_args holds a bytes", id="bytes"),
+    pytest.param({"order_id": _Order()}, "edited_args holds a _Order", id="object"),
+    pytest.param({"order_id": {1: "A"}}, "holds an object key that is not a string", id="int-key"),
+    pytest.param({"amount": float("nan")}, "holds a NaN or infinite number", id="nan"),
+    pytest.param({"amount": float("inf")}, "holds a NaN or infinite number", id="inf"),
+    pytest.param({"amount": [float("-inf")]}, "holds a NaN or infinite number", id="-inf"),
+    pytest.param({"amount": 2**64}, "holds an integer beyond 64 bits", id="big-int"),
+    pytest.param({"amount": -(2**63) - 1}, "holds an integer beyond 64 bits", id="big-negative"),
+    pytest.param({"order_id": _nested(100)}, "is nested deeper than 64 levels", id="deep"),
+    pytest.param(
+        {"order_id": "A\ud800"}, "holds a string that is not valid Unicode", id="surrogate"
+    ),
+    pytest.param({"order_id": MappingProxyType({"a": 1})}, "edited_args is not JSON", id="proxy"),
+]
+
+
+def _turn_data(jobs: Any, turn_id: str) -> dict[bytes, Any]:
+    """Every hash and stream of the turn (its record, its events), by key."""
+    found: dict[bytes, Any] = {}
+    for key in jobs.redis.scan_iter(match=f"*{turn_id}*"):
+        kind = jobs.redis.type(key)
+        if kind == b"hash":
+            found[key] = jobs.redis.hgetall(key)
+        elif kind == b"stream":
+            found[key] = jobs.redis.xrange(key)
+    return found
+
+
+@pytest.mark.parametrize(("edited_args", "problem"), NOT_JSON)
+def test_approve_refuses_edited_args_that_are_not_json_and_changes_nothing(
+    jobs: Any, edited_args: dict[Any, Any], problem: str
+) -> None:
+    # Given a turn paused for an approval
+    result, tag = submit("refund")
+    [action] = paused(result.id)
+    before = _turn_data(jobs, result.id)
+    assert before, "the sweep must see the turn's record"
+
+    # When a person approves it with arguments JSON cannot carry exactly
+    with pytest.raises(ActionConflict) as refused:
+        approve_action(result.id, action.request_id, edited_args=edited_args)
+
+    # Then the refusal is typed and says what is wrong and what to do, and nothing changed
+    assert refused.value.code == "ERR_ACTION_CONFLICT"
+    assert problem in str(refused.value)
+    assert "send JSON values only" in str(refused.value)
+    assert _turn_data(jobs, result.id) == before
+    assert [p.request_id for p in paused(result.id)] == [action.request_id]
+    # and a correct approval afterwards still runs the edited call
+    assert approve_action(result.id, action.request_id, edited_args={"order_id": "B", "tag": tag})
     assert result.get(timeout=30)["content"] == "done: A shipped | refunded B"
     assert runs(jobs, tag) == ["lookup A", "refund B"]
 
