@@ -148,7 +148,7 @@ def _json_exact(value: Any, depth: int = 0) -> bool:
         return -(2**63) <= value < 2**63
     if isinstance(value, float):
         return math.isfinite(value)
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):  # a tuple is sent as a list, as Celery sends it
         return all(_json_exact(v, depth + 1) for v in value)
     if isinstance(value, dict):
         return all(isinstance(k, str) and _json_exact(v, depth + 1) for k, v in value.items())
