@@ -63,17 +63,37 @@ class JSONControl(Control):  # type: ignore[misc]
         self.mailbox.serializer = "json"
 
 
-app = Celery("agentjobs", control=JSONControl)
+class AgentjobsCelery(Celery):  # type: ignore[misc]
+    """The app: its result backend is built only once its configuration is loaded, which may
+    name the backend (_translated_urls). Celery picks the backend before it loads the
+    configuration when the backend is the first thing a process uses (a client's
+    AsyncResult.get()), and would take CELERY_RESULT_BACKEND as the environment spells it."""
+
+    @property
+    def backend(self) -> Any:
+        self.conf.get("result_backend")  # the first lookup of a key loads the configuration
+        return super().backend
+
+
+app = AgentjobsCelery("agentjobs", control=JSONControl)
 app.config_from_object("celeryconfig")
 
 
 @app.on_after_configure.connect  # type: ignore[untyped-decorator]
-def _translated_backend(sender: Celery, source: Any, **_: Any) -> None:
-    # A redis+sentinel:// CELERY_RESULT_BACKEND in Celery's spelling (celeryconfig.py): the
-    # app's backend class wins over the environment variable, which Celery reads itself.
+def _translated_urls(sender: Celery, source: Any, **_: Any) -> None:
+    # Celery reads CELERY_BROKER_URL and CELERY_RESULT_BACKEND from the environment itself, and
+    # they win over celeryconfig.py's values, which Settings translated from them (a
+    # redis+sentinel:// URL in Celery's spelling, a rediss:// URL given ssl_cert_reqs): where
+    # the two differ, the translated one wins, as the app's backend class and as the broker's
+    # read and write URLs.
     translated = source.get("agentjobs_result_backend")
+    if not translated and source.get("result_backend") != source.result_backend:
+        translated = source.get("result_backend")
     if translated:
         sender.backend_cls = translated
+    broker = source.get("broker_url")
+    if broker and broker != source.broker_url and not source.get("broker_read_url"):
+        source.update(broker_read_url=broker, broker_write_url=broker)
 
 
 @after_setup_logger.connect  # type: ignore[untyped-decorator]

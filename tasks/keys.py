@@ -4,7 +4,7 @@ Layout, ready for a Redis Cluster (docs/operations.md, "Scale out"):
 
     {prefix}:{<shard>}:...     everything one conversation touches, and the indices of its shard
     {prefix}:...               a few single-key values (replay markers, the worker presence hash,
-                               the store's epoch)
+                               the store's epoch, the count of unreadable messages)
 
 A conversation belongs to one of `shards` shards (crc32 of its namespace). The `{<shard>}` hash
 tag puts its envelope, queue, lease, turn records and its shard's indices (due retries, running
@@ -176,6 +176,13 @@ class Keys:
         for `agentjobs stats`; a key that was removed or repaired is dropped by the next
         `stats`. Kept forever."""
         return f"{self.prefix}:unreadable"
+
+    @property
+    def bad_messages(self) -> str:
+        """String: how many broker messages for our tasks a worker dropped because their body
+        could not be read as the task's arguments (tasks/worker.py, MessageGuardStep), for
+        `agentjobs metrics`. Kept forever."""
+        return f"{self.prefix}:bad-messages"
 
     @property
     def epochs_lost(self) -> str:

@@ -4,7 +4,8 @@ worker, and restarting a worker or the exporter loses no count.
 
 Gauges come from the shard indices (tasks/inspect.py, live_stats); counters from the shards'
 counters hashes, which the Lua scripts increment in the same step as the change they count
-(tasks/keys.py, ShardKeys.counters). Celery exporters read Redis queue lengths, which are wrong
+(tasks/keys.py, ShardKeys.counters), and the messages workers dropped as unreadable from a key
+of their own (Keys.bad_messages). Celery exporters read Redis queue lengths, which are wrong
 for Celery's priority lists and say nothing of turns waiting out a retry in Redis; these do not
 look at the broker at all.
 
@@ -17,13 +18,17 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
-from prometheus_client import start_http_server
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -33,6 +38,11 @@ from tasks.inspect import live_stats
 
 logger = logging.getLogger("agentjobs.metrics")
 DEFAULT_PORT = 9808
+# Loopback unless --host says otherwise: the server has no authentication or TLS.
+DEFAULT_HOST = "127.0.0.1"
+# A scrape is one short request: a connection that has not sent its request (or taken the
+# answer) within this is closed, so idle and half-sent connections do not pile up threads.
+REQUEST_TIMEOUT_S = 5.0
 # How each turn ends (TurnState's terminal values): the outcome label of turns_finished_total.
 OUTCOMES = ("succeeded", "dead_lettered", "cancelled")
 
@@ -144,6 +154,18 @@ def families(figures: dict[str, Any]) -> Iterator[Metric]:
         "Times a running turn paused for a person's decision (approvals, questions).",
         counted("pauses"),
     )
+    yield _counter(
+        "agentjobs_bad_messages_total",
+        "Broker messages for run_turn or resume_turn that workers dropped because their body "
+        "could not be read as the task's arguments (not JSON, not Celery's shape, no task id).",
+        figures.get("badMessages", 0),
+    )
+
+
+def bad_messages(ctx: JobContext) -> int:
+    """Messages workers dropped as unreadable (tasks/worker.py, MessageGuardStep): a key of
+    its own, since no turn, and so no shard, is theirs."""
+    return int(ctx.redis.get(ctx.keys.bad_messages) or 0)
 
 
 class StoreCollector(Collector):
@@ -156,7 +178,8 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.monotonic()
         try:
-            found = list(families(live_stats(self._ctx)))
+            figures = {**live_stats(self._ctx), "badMessages": bad_messages(self._ctx)}
+            found = list(families(figures))
         except redis.RedisError as exc:
             if not self._down:  # one line per outage
                 logger.warning("metrics: cannot read Redis (%s); serving agentjobs_up 0", exc)
@@ -183,11 +206,56 @@ def registry_for(ctx: JobContext) -> CollectorRegistry:
     return registry
 
 
-def serve(ctx: JobContext, *, port: int, host: str, stop: threading.Event | None = None) -> None:
+class _Handler(WSGIRequestHandler):
+    """One scrape per connection, logging nothing; its socket times out after
+    REQUEST_TIMEOUT_S (prometheus_client's server waits on a silent client forever)."""
+
+    timeout = REQUEST_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per connection, none outliving the process."""
+
+    daemon_threads = True
+    request_queue_size = 128  # a burst of connections waits in the backlog, not in SYN retries
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out or went away: nothing to report (the base prints a traceback).
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+def start_server(
+    registry: CollectorRegistry, *, port: int, host: str
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve `registry` at host:port from a daemon thread. Raises OSError when the port cannot
+    be bound."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    server_class = type("MetricsServer", (_Server,), {"address_family": family})
+    server: WSGIServer = make_server(
+        str(address[0]), port, make_wsgi_app(registry), server_class, handler_class=_Handler
+    )
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
+    return server, thread
+
+
+def serve(
+    ctx: JobContext,
+    *,
+    port: int,
+    host: str = DEFAULT_HOST,
+    stop: threading.Event | None = None,
+) -> None:
     """Serve /metrics until SIGTERM or SIGINT (or `stop`). Raises OSError when the port
     cannot be bound."""
     stop = stop or threading.Event()
-    server, thread = start_http_server(port, addr=host, registry=registry_for(ctx))
+    server, thread = start_server(registry_for(ctx), port=port, host=host)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())

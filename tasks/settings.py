@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from tasks.state import CLUSTER_SCHEME, SENTINEL_SCHEME, StateURLError, parse_state_url
 
@@ -36,6 +36,8 @@ _QUEUE = re.compile(r"[^\s,]+")
 # Environment variables whose values redact() removes from stored and logged text.
 _SECRET_NAME = re.compile(r"(?:API_KEY|_TOKEN|_SECRET|PASSWORD)$")
 _MIN_SECRET_LEN = 8
+# The ssl_cert_reqs values Celery's Redis result backend and kombu's Redis transport both read.
+_CERT_REQS = ("required", "optional", "none", "CERT_REQUIRED", "CERT_OPTIONAL", "CERT_NONE")
 
 
 class SettingsError(ValueError):
@@ -110,6 +112,7 @@ def load_settings(
     """
     env = _Environment(os.environ if environ is None else environ)
     redis_url = env.url("REDIS_URL", DEFAULT_REDIS_URL, schemes=("redis", "rediss", "unix"))
+    celery_tls_url(redis_url, "REDIS_URL")  # refused by its own name when the broker inherits it
     key_prefix = env.matching("AGENTJOBS_KEY_PREFIX", Settings.key_prefix, _PREFIX, "a key prefix")
     agents = dict(registry or {})
     agents.update(parse_agents(env.text("AGENTJOBS_AGENTS", "")))
@@ -172,6 +175,25 @@ def load_settings(
             f"AGENTJOBS_MODEL must name the model when AGENTJOBS_PROVIDER={settings.provider}"
         )
     return settings
+
+
+def celery_tls_url(url: str, variable: str) -> str:
+    """A rediss:// broker or result backend URL with ssl_cert_reqs=required added when it names
+    none: Celery's result backend refuses such a URL (the worker exits at start) and kombu's
+    transport would verify no certificate. An explicit value is kept when Celery can read it;
+    any other URL comes back as it is."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "rediss":
+        return url
+    given = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "ssl_cert_reqs"]
+    if not given:
+        query = f"{parts.query}&ssl_cert_reqs=required" if parts.query else "ssl_cert_reqs=required"
+        return urlunsplit(parts._replace(query=query))
+    if given[-1] not in _CERT_REQS:
+        raise SettingsError(
+            f"{variable}: ssl_cert_reqs must be required, optional or none (value not shown)"
+        )
+    return url
 
 
 def parse_agents(text: str, variable: str = "AGENTJOBS_AGENTS") -> dict[str, str]:
@@ -245,22 +267,20 @@ class _Environment:
             number = float(value)
         except ValueError:
             number = math.nan
-        if not math.isfinite(number) or number <= 0 or number > MAX_SECONDS:
-            raise SettingsError(
-                f"{variable} must be a number of seconds > 0 and at most {MAX_SECONDS:g}, "
-                f"got {value!r}"
-            )
+        if not math.isfinite(number) or number <= 0:
+            raise SettingsError(f"{variable} must be a number of seconds > 0, got {value!r}")
+        if number > MAX_SECONDS:
+            raise SettingsError(f"{variable} must be at most {MAX_SECONDS} s, got {value!r}")
         return number
 
     def whole_seconds(self, variable: str, default: int) -> int:
         value = self.raw(variable)
         if value is None:
             return default
-        if not value.isdigit() or not 0 < int(value) <= MAX_SECONDS:
-            raise SettingsError(
-                f"{variable} must be a whole number of seconds > 0 and at most {MAX_SECONDS:g}, "
-                f"got {value!r}"
-            )
+        if not value.isdigit() or int(value) <= 0:
+            raise SettingsError(f"{variable} must be a whole number of seconds > 0, got {value!r}")
+        if int(value) > MAX_SECONDS:
+            raise SettingsError(f"{variable} must be at most {MAX_SECONDS} s, got {value!r}")
         return int(value)
 
     def count(self, variable: str, default: int, *, maximum: int | None = None) -> int:
@@ -296,7 +316,8 @@ class _Environment:
 
     def celery_url(self, variable: str, default: str) -> str:
         """A broker or result backend URL; our redis+sentinel:// form is checked here (and
-        spelled as Celery's in celeryconfig.py), a Redis Cluster refused."""
+        spelled as Celery's in celeryconfig.py), a Redis Cluster refused, a rediss:// URL
+        given ssl_cert_reqs=required unless it says otherwise."""
         value = self.url(variable, default)
         scheme = urlsplit(value).scheme.lower()
         if scheme == CLUSTER_SCHEME:
@@ -307,7 +328,7 @@ class _Environment:
             )
         if scheme == SENTINEL_SCHEME:
             return self.state_url(variable, default)
-        return value
+        return celery_tls_url(value, variable)
 
     def http_url(self, variable: str) -> str | None:
         value = self.raw(variable)

@@ -4,12 +4,12 @@ that lost its data from a new one.
 
 URL forms (parse_state_url):
 
-    redis://[:password@]host:port[/db]        one Redis (rediss:// for TLS, unix:// a socket)
-    redis+cluster://[:password@]host:port[,host:port...]
+    redis://[[user]:password@]host:port[/db]  one Redis (rediss:// for TLS, unix:// a socket)
+    redis+cluster://[[user]:password@]host:port[,host:port...]
                                               a Redis Cluster: any reachable node finds the rest
-    redis+sentinel://[:password@]host:port[,host:port...]/MASTER_NAME[/db]
-                                              the master of a Sentinel group; the password is the
-                                              data nodes', the sentinels take none
+    redis+sentinel://[[user]:password@]host:port[,host:port...]/MASTER_NAME[/db]
+                                              the master of a Sentinel group; the user and
+                                              password are the data nodes', the sentinels take none
 
 **The epoch.** A store holds one random id at `{prefix}:epoch`, created once (SET NX) by
 whichever process first finds none, and never expiring. Every process reads it before it uses
@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import orjson
 import redis
@@ -79,6 +79,8 @@ class StateTarget:
     master_name: str = ""
     db: int = 0
     password: str | None = None
+    # An ACL user of the data nodes; None: the default user.
+    username: str | None = None
 
     def describe(self) -> str:
         """Where it points, for messages (no password)."""
@@ -102,13 +104,13 @@ def parse_state_url(url: str, variable: str = "AGENTJOBS_STATE_URL") -> StateTar
     if scheme in PLAIN_SCHEMES:
         return StateTarget("redis", url)
     credentials, at, location = rest.rpartition("@")
-    password = _password(credentials) if at else None
+    username, password = _credentials(credentials) if at else (None, None)
     hosts, _, path = location.partition("/")
     nodes = _nodes(hosts, variable)
     if scheme == CLUSTER_SCHEME:
         if path.strip("/"):
             raise StateURLError(f"{variable}: a Redis Cluster has database 0 only: drop the /path")
-        return StateTarget("cluster", url, nodes, password=password)
+        return StateTarget("cluster", url, nodes, password=password, username=username)
     segments = [unquote(s) for s in path.split("/") if s]
     if not segments or len(segments) > 2:
         raise StateURLError(
@@ -117,13 +119,14 @@ def parse_state_url(url: str, variable: str = "AGENTJOBS_STATE_URL") -> StateTar
     db = segments[1] if len(segments) == 2 else "0"
     if not db.isdigit():
         raise StateURLError(f"{variable}: the database after the master name must be a number")
-    return StateTarget("sentinel", url, nodes, segments[0], int(db), password)
+    return StateTarget("sentinel", url, nodes, segments[0], int(db), password, username)
 
 
-def _password(credentials: str) -> str | None:
-    # ":password" or "user:password"; users other than the default are not needed here.
-    _, _, password = credentials.partition(":")
-    return unquote(password) if password else None
+def _credentials(credentials: str) -> tuple[str | None, str | None]:
+    """(username, password) of "user:password", ":password" or "user", unquoted; None for a
+    part left out (the default user, no password)."""
+    username, _, password = credentials.partition(":")
+    return (unquote(username) or None, unquote(password) or None)
 
 
 def _nodes(hosts: str, variable: str) -> tuple[tuple[str, int], ...]:
@@ -143,11 +146,17 @@ def connect(target: StateTarget) -> StateClient:
     common: dict[str, Any] = {"socket_keepalive": True, "health_check_interval": 30}
     if target.kind == "cluster":
         seeds = [ClusterNode(host, port) for host, port in target.nodes]  # type: ignore[no-untyped-call]
-        return RedisCluster(startup_nodes=seeds, password=target.password, **common)
+        return RedisCluster(
+            startup_nodes=seeds, username=target.username, password=target.password, **common
+        )
     if target.kind == "sentinel":
         sentinel = Sentinel(list(target.nodes), socket_timeout=5.0)  # type: ignore[no-untyped-call]
         master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-            target.master_name, db=target.db, password=target.password, **common
+            target.master_name,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            **common,
         )
         return master
     return redis.Redis.from_url(target.url, **common)
@@ -155,16 +164,18 @@ def connect(target: StateTarget) -> StateClient:
 
 def celery_sentinel(url: str, variable: str) -> tuple[str, dict[str, Any]]:
     """A redis+sentinel:// broker or result backend URL in Celery's spelling: kombu's
-    `sentinel://host:port;sentinel://...` with the master (and the password) as transport
-    options. Any other URL comes back as it is."""
+    `sentinel://[user:password@]host:port;sentinel://...` with the master's name as a transport
+    option. Any other URL comes back as it is."""
     if not url.lower().startswith(f"{SENTINEL_SCHEME}://"):
         return url, {}
     target = parse_state_url(url, variable)
-    auth = f":{target.password}@" if target.password else ""
+    auth = ""
+    if target.username or target.password:
+        auth = f"{quote(target.username or '', safe='')}:{quote(target.password or '', safe='')}@"
     joined = ";".join(f"sentinel://{auth}{host}:{port}/{target.db}" for host, port in target.nodes)
     options: dict[str, Any] = {"master_name": target.master_name}
-    if target.password:
-        # The password is the data nodes'; the sentinels are asked without one.
+    if auth:
+        # The credentials are the data nodes'; the sentinels are asked without them.
         options["sentinel_kwargs"] = {}
     return joined, options
 

@@ -11,6 +11,14 @@ and Celery treat it as the connection loss it is: the worker reconnects, the ack
 not be sent leave their messages in Redis's unacked set until the visibility timeout, and the
 job system has finished or resumed those turns long before (duplicates are dropped by the turn
 record). Drop this once that test passes without it.
+
+Celery 5.7's success line (celery/app/trace.py, LOG_SUCCESS: "Task %(name)s[%(id)s] succeeded
+in %(runtime)ss: %(return_value)s") logs every task's return value at INFO, and a turn returns
+its reply: every answer a model gave would be in the worker's log. Celery has no setting for it,
+and the format is a module attribute read at each call, so it is replaced by one without the
+value, and the line's `extra["data"]` (which custom log handlers may format) loses
+the value and the arguments. tests/tasks/test_worker_logs.py checks it; drop this if Celery
+gets an option to leave the result out.
 """
 
 from __future__ import annotations
@@ -20,7 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from celery.app import trace
 from kombu.transport import redis as kombu_redis
+
+# Celery's success line without the task's return value.
+LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
+# What the success line's data loses: the reply, and the arguments (a turn's message).
+_PRIVATE_FIELDS = ("return_value", "args", "kwargs")
 
 
 def _refuse_detached_channel(
@@ -36,7 +50,21 @@ def _refuse_detached_channel(
     return _connparams
 
 
+def _without_content(info: Callable[[str, dict[str, Any]], None]) -> Callable[..., None]:
+    @functools.wraps(info)
+    def _info(fmt: str, context: dict[str, Any]) -> None:
+        if fmt == LOG_SUCCESS:
+            context = {k: v for k, v in context.items() if k not in _PRIVATE_FIELDS}
+        info(fmt, context)
+
+    _info.agentjobs_workaround = True  # type: ignore[attr-defined]
+    return _info
+
+
 def install() -> None:
+    trace.LOG_SUCCESS = LOG_SUCCESS
+    if not getattr(trace.info, "agentjobs_workaround", False):
+        trace.info = _without_content(trace.info)
     current = kombu_redis.Channel._connparams
     if not getattr(current, "agentjobs_workaround", False):
         kombu_redis.Channel._connparams = _refuse_detached_channel(current)  # type: ignore[method-assign]

@@ -20,6 +20,14 @@ and Celery would wait for it forever. Whatever the abandoned thread writes later
 the lease fence. The grace is kept by a threads pool (the Procfile's); a solo pool's turn
 hands over at its check points too, and a prefork pool's children are not told (its turns keep
 Celery's warm shutdown).
+
+A message for run_turn or resume_turn whose body cannot be read as the task's arguments at all
+(not JSON, not Celery's [args, kwargs, embed], another serializer, no usable task id) is
+acknowledged, logged in one line and counted in Redis (`agentjobs_bad_messages_total`) by
+MessageGuardStep, before Celery reads it: Celery calls any error of its own reading but three
+unrecoverable, exits, and the message it restores kills every worker after it. A message whose
+arguments can be read but are not a turn goes on to the task, which dead-letters it as
+bad_payload.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import orjson
@@ -37,14 +46,19 @@ import redis
 from celery import bootsteps
 from celery.apps.worker import Worker as CeleryWorker
 from celery.concurrency.thread import TaskPool as ThreadsPool
+from celery.exceptions import InvalidTaskError
 from celery.signals import worker_shutting_down
 from celery.utils.functional import maybe_list
 from celery.worker import control
 from celery.worker import state as worker_state
+from kombu.exceptions import ContentDisallowed, DecodeError
+from kombu.serialization import prepare_accept_content
 
+from tasks.app import app
 from tasks.context import JobContext, job_context
+from tasks.errors import BadPayload
 from tasks.leases import RENEWALS_PER_TTL
-from tasks.payload import registration_of
+from tasks.payload import check_turn_id, registration_of
 from tasks.registry import check_agents
 from tasks.turns import wake
 
@@ -253,3 +267,195 @@ class HandoverStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def stop(self, parent: Any) -> None:
         if isinstance(parent, CeleryWorker):
             job_context().leases.drain()  # also for a shutdown without a signal (remote control)
+
+
+# The tasks whose messages MessageGuardStep reads first, and resume_turn's parameters.
+GUARDED_TASKS = ("tasks.run_turn", "tasks.resume_turn")
+_RESUME_PARAMETERS = ("turn_id", "namespace", "agent", "conversation_id")
+# What Celery's trace does with a body's embed: runs these lists, updates the request with it.
+_EMBED_LISTS = ("callbacks", "errbacks", "chain")
+
+
+_KINDS: dict[type, str] = {
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    dict: "an object",
+}
+
+
+def _kind(value: object) -> str:
+    """What a decoded value is, in JSON's words, for a log line."""
+    if value is None:
+        return "null"
+    return _KINDS.get(type(value), f"a {type(value).__name__}")
+
+
+def _shown(text: object, limit: int = 60) -> str:
+    """A header value for a log line: printable ASCII, shortened (it may be anything)."""
+    shown = "".join(c if " " <= c <= "~" else "?" for c in str(text))
+    return repr(shown if len(shown) <= limit else shown[:limit] + "...")
+
+
+def _embed_problem(embed: object) -> str:
+    if embed is None:
+        return ""
+    if not isinstance(embed, Mapping) or not all(isinstance(k, str) for k in embed):
+        return f"its embed is {_kind(embed)}, not an object"
+    for key in _EMBED_LISTS:
+        if not isinstance(embed.get(key), list | tuple | None):
+            return f"its embed's {key} is {_kind(embed.get(key))}, not a list"
+    if not isinstance(embed.get("chord"), Mapping | None):
+        return f"its embed's chord is {_kind(embed.get('chord'))}, not an object"
+    return ""
+
+
+def _time_limit_problem(limits: object) -> str:
+    if limits is None:
+        return ""
+    if isinstance(limits, list | tuple) and len(limits) == 2 and all(map(_seconds, limits)):
+        return ""
+    return "its timelimit header is not [hard, soft] seconds"
+
+
+def _seconds(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _resume_problem(args: list[Any] | tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """What keeps (args, kwargs) from binding to resume_turn(turn_id, namespace, agent,
+    conversation_id) with the types it takes, or ''."""
+    if len(args) > len(_RESUME_PARAMETERS):
+        return f"it has {len(args)} arguments, resume_turn takes {len(_RESUME_PARAMETERS)}"
+    named = dict(zip(_RESUME_PARAMETERS, args, strict=False))
+    for key, value in kwargs.items():
+        if key not in _RESUME_PARAMETERS:
+            return "it has a keyword argument resume_turn does not take"
+        if key in named:
+            return f"it gives {key} twice"
+        named[key] = value
+    if "turn_id" not in named:
+        return "it has no turn_id"
+    try:
+        check_turn_id(named["turn_id"])
+    except BadPayload as exc:
+        return f"its turn_id {exc.problem}"
+    if not isinstance(named.get("namespace"), str | None):
+        return f"its namespace is {_kind(named.get('namespace'))}, not a string"
+    for key in ("agent", "conversation_id"):
+        if not isinstance(named.get(key, ""), str):
+            return f"its {key} is {_kind(named.get(key))}, not a string"
+    return ""
+
+
+def unreadable(message: Any, task: str, accepted: frozenset[str] | set[str]) -> str:
+    """What makes a broker message for `task` (one of GUARDED_TASKS) unreadable as the task's
+    arguments, or '' when they can be read (they may still not be a turn: the task
+    dead-letters those as bad_payload). Never quotes the body."""
+    headers = message.headers if isinstance(message.headers, Mapping) else {}
+    content_type = message.content_type
+    if content_type not in accepted:
+        return (
+            f"its content type {_shown(content_type)} is refused (ContentDisallowed); "
+            f"accepted: {', '.join(sorted(accepted))}"
+        )
+    try:
+        body = message.payload
+    except Exception as exc:  # any error of decoding (DecodeError, a bad compression...)
+        return f"its body cannot be decoded as {content_type} ({type(exc).__name__})"
+    if isinstance(body, list | tuple):
+        if len(body) != 3:
+            return f"its body is a list of {len(body)}, not Celery's [args, kwargs, embed]"
+        args, kwargs, embed = body
+        fields: Mapping[str, Any] = headers
+    elif isinstance(body, Mapping) and "args" in body:  # Celery's protocol 1
+        args, kwargs = body.get("args"), body.get("kwargs", {})
+        embed = {key: body.get(key) for key in ("callbacks", "errbacks", "chord")}
+        fields = {**body, **headers}
+    else:
+        return f"its body is {_kind(body)}, not Celery's [args, kwargs, embed]"
+    if "id" not in fields:
+        return "it has no task id"
+    try:
+        check_turn_id(fields["id"])
+    except BadPayload as exc:
+        return f"its task id {exc.problem}"
+    if not isinstance(args, list | tuple):
+        return f"its args are {_kind(args)}, not a list"
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        return f"its kwargs are {_kind(kwargs)}, not an object"
+    problem = _embed_problem(embed) or _time_limit_problem(fields.get("timelimit"))
+    if not problem and task == "tasks.resume_turn":
+        problem = _resume_problem(args, kwargs)
+    return problem
+
+
+def drop_unreadable(
+    message: Any, task: str, problem: str, ack: Callable[..., Any], errors: tuple[type, ...]
+) -> None:
+    """Acknowledge an unreadable message, count it and log it in one line (no body)."""
+    ack(logger, errors)
+    turn_id = message.headers.get("id") if isinstance(message.headers, Mapping) else None
+    try:
+        named = f" for turn {check_turn_id(turn_id)}"
+    except BadPayload:
+        named = ""
+    counted = ""
+    try:
+        ctx = job_context()
+        ctx.redis.incr(ctx.keys.bad_messages)
+    except redis.RedisError as exc:
+        counted = f"; not counted, Redis unavailable ({exc})"
+    logger.warning(
+        "dropped a %s message%s: %s; acknowledged, not run (agentjobs_bad_messages_total)%s",
+        task,
+        named,
+        problem,
+        counted,
+    )
+
+
+def guard(strategy: Callable[..., Any], task: str, consumer: Any) -> Callable[..., Any]:
+    """A task's message handler (Celery's strategy) that drops what it cannot read first."""
+    accepted = frozenset(prepare_accept_content(consumer.app.conf.accept_content))  # type: ignore[no-untyped-call]
+
+    def handle(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> Any:
+        problem = unreadable(message, task, accepted)
+        if not problem:
+            try:
+                return strategy(message, body, ack, reject, callbacks, **kw)
+            except (InvalidTaskError, ContentDisallowed, DecodeError) as exc:
+                # A header Celery refuses (an eta, an expiry): its text may quote anything.
+                problem = f"Celery cannot read it ({type(exc).__name__})"
+        drop_unreadable(message, task, problem, ack, consumer.connection_errors)
+        return None
+
+    handle.agentjobs_guard = True  # type: ignore[attr-defined]
+    return handle
+
+
+class MessageGuardStep(bootsteps.Step):  # type: ignore[misc]
+    """A consumer bootstep: the message handlers of GUARDED_TASKS read each message first and
+    drop one they cannot read (see the module's docstring). Celery builds the handlers when
+    the consumer starts or restarts and when the worker reloads; each time they are wrapped.
+    Celery's own handling of an unreadable message logs its body (or exits), so this one
+    acknowledges it before Celery sees it."""
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        update_strategies = parent.update_strategies
+
+        def guarded_update() -> None:
+            update_strategies()
+            for name in GUARDED_TASKS:
+                strategy = parent.strategies.get(name)
+                if strategy is not None and not getattr(strategy, "agentjobs_guard", False):
+                    parent.strategies[name] = guard(strategy, name, parent)
+
+        parent.update_strategies = guarded_update
+
+
+# Registered here rather than beside the worker steps (tasks/__init__.py): it belongs to the
+# consumer, and only a worker process builds one.
+app.steps["consumer"].add(MessageGuardStep)

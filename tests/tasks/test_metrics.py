@@ -4,7 +4,9 @@ without Redis says so in `agentjobs_up`, and a port in use is one line."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tasks import TurnDeadLettered, cancel_turn, run_turn, turn_status
 from tasks.context import job_context
+from tasks.metrics import REQUEST_TIMEOUT_S
 from tasks.records import TurnState
 from tasks.testing import READY, Process, free_port, start_process, wait_until
 
@@ -178,3 +181,56 @@ def test_a_port_in_use_is_one_line(make_jobs: Any) -> None:
     assert len(lines) == 1 and lines[0].startswith(
         f"agentjobs: cannot serve metrics on 127.0.0.1:{port} (Address already in use)"
     ), done.stderr
+
+
+def _listening(port: int) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp* writes them) listening on `port`."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
+
+
+def test_the_metrics_command_listens_on_loopback_unless_told_otherwise(make_jobs: Any) -> None:
+    jobs = make_jobs()
+    port = free_port()
+    command = [AGENTJOBS, "metrics", "--port", str(port)]
+    metrics = start_process("metrics", command, jobs.env, jobs.logdir, ready=READY["metrics"])
+    jobs.processes.append(metrics)
+    assert _listening(port) == ["0100007F"], _listening(port)  # 127.0.0.1 only
+    assert f"serving metrics on 127.0.0.1:{port}" in metrics.log()
+    assert value(scrape(port), "agentjobs_up") == 1
+
+
+def _threads(process: Process) -> int:
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+
+
+def test_idle_and_half_sent_connections_are_closed_and_scrapes_go_on(make_jobs: Any) -> None:
+    jobs = make_jobs()
+    metrics, port = start_metrics(jobs)
+    idle_threads = _threads(metrics)
+    # Given many connections that sent half a request, and as many that sent nothing
+    held = []
+    for n in range(300):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        if n % 2 == 0:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\n")
+        held.append(sock)
+    started = time.monotonic()
+    # Then the command still answers a scrape meanwhile
+    assert value(scrape(port), "agentjobs_up") == 1
+    # and closes every one of them within its request timeout
+    for sock in held:
+        sock.settimeout(max(0.1, REQUEST_TIMEOUT_S + 3 - (time.monotonic() - started)))
+        with contextlib.suppress(ConnectionResetError):  # closed with the request unread
+            assert sock.recv(1024) == b""
+        sock.close()
+    assert time.monotonic() - started < REQUEST_TIMEOUT_S + 3
+    wait_until(lambda: _threads(metrics) <= idle_threads + 1, 5, "the connection threads to end")
+    assert "Traceback" not in metrics.log() and metrics.alive()

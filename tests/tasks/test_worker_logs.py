@@ -1,0 +1,42 @@
+"""What a worker's log says about a turn: that it ran, never what was said (Celery's own
+success line used to carry each reply's content)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from celery.app import trace
+
+from tasks import run_turn
+
+PRIVATE = "PRIVATE-WORDS-4242"
+
+
+def test_a_worker_log_does_not_carry_the_reply(make_jobs: Any) -> None:
+    jobs = make_jobs()
+    worker = jobs.worker()
+    # Given a turn whose reply holds private words
+    reply = run_turn.delay(agent="demo", conversation_id="c-private", message=PRIVATE)
+    assert PRIVATE in reply.get(timeout=30)["content"]
+    # When the worker has logged the task's success
+    worker.stop()
+    log = worker.log()
+    # Then the success line is there, without the reply or any part of it
+    succeeded = [line for line in log.splitlines() if "succeeded in" in line]
+    assert len(succeeded) == 1 and reply.id in succeeded[0], log[-3000:]
+    assert PRIVATE not in log and "content" not in succeeded[0], succeeded[0]
+
+
+def test_the_success_lines_data_carries_no_reply_or_arguments(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Custom log handlers (JSON formatters) may print a record's `data`: it loses them too.
+    context = {"id": "t-1", "name": "tasks.run_turn", "runtime": 0.5}
+    private = {"return_value": PRIVATE, "args": f"({PRIVATE!r},)", "kwargs": PRIVATE}
+    with caplog.at_level(logging.INFO, logger="celery.app.trace"):
+        trace.info(trace.LOG_SUCCESS, {**context, **private})
+    (record,) = caplog.records
+    assert record.getMessage() == "Task tasks.run_turn[t-1] succeeded in 0.5s"
+    assert record.data == context  # type: ignore[attr-defined]
