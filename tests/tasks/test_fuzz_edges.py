@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -191,3 +192,70 @@ def test_fuzzed_edited_args_are_refused_cleanly_or_recorded(jobs: Any) -> None:
     assert approve_action(result.id, request_id, edited_args={"order_id": "A", "tag": "f1"})
     assert isinstance(result.get(timeout=30)["content"], str)
     assert all(p.alive() for p in jobs.processes)
+
+
+json_bodies = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+# Bodies near Celery's shape ([args, kwargs, embed]) and far from it, raw bytes, other types.
+message_bodies = st.one_of(
+    st.tuples(
+        st.lists(json_bodies, max_size=4),
+        st.dictionaries(st.text(max_size=6), json_bodies, max_size=4),
+        st.none() | json_bodies,
+    ).map(list),
+    st.tuples(json_bodies, json_bodies, json_bodies).map(list),
+    json_bodies,
+    st.binary(max_size=24),
+)
+content_types = st.sampled_from(
+    ["application/json", "application/x-orjson", "application/x-python-serialize", "text/plain"]
+)
+message_ids = st.none() | turn_ids.filter(lambda t: t is not None) | st.just("sentinel-turn")
+
+
+def test_fuzzed_broker_messages_never_stop_a_worker_or_touch_another_turn(jobs: Any) -> None:
+    from tests.tasks.test_bad_messages import publish
+
+    sentinel, sentinel_record = _sentinel(jobs)
+    sent: list[str] = []
+
+    @settings(
+        max_examples=80,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(
+        st.sampled_from(["tasks.run_turn", "tasks.resume_turn"]),
+        message_bodies,
+        content_types,
+        message_ids,
+    )
+    def one(task: str, body: Any, content_type: str, turn_id: Any) -> None:
+        # Bytes as they are; anything else as JSON bytes, whatever the content type says.
+        data = body if isinstance(body, bytes) else orjson.dumps(body)
+        publish(jobs, data, task=task, turn_id=turn_id, content_type=content_type, raw=True)
+        sent.append(task)
+
+    one()
+    # Each message was taken (none left in the queue) and the worker is still the same one.
+    wait_until(
+        lambda: jobs.redis.llen("agentjobs.turns") == 0, 60, "the worker to take every message"
+    )
+    healthy = run_turn.delay(agent="demo", conversation_id="after-fuzz", message="still here")
+    assert healthy.get(timeout=30)["content"] == "Done: still here"
+    key = job_context().keys.for_namespace("sentinel-co/owner/keep").turn(sentinel.id)
+    assert _dump(jobs, key) == sentinel_record
+    assert sentinel.get(timeout=5)["content"] == "Done: mine"
+    assert all(p.alive() for p in jobs.processes), jobs.logs()[-3000:]
+    assert "Unrecoverable error" not in jobs.logs()
+    dropped = int(jobs.redis.get(job_context().keys.bad_messages) or 0)
+    assert 0 < dropped <= len(sent), "the fuzz must reach the unreadable-message path"
