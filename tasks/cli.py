@@ -19,20 +19,23 @@ on stderr and a non-zero exit status, for every command at once (tasks/cli_error
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import orjson
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tasks.cli_errors import AgentjobsGroup, Failure
+from tasks.deadletter import UNREADABLE, ReplayError, UnreadableEntry
 from tasks.errors import Reason
 from tasks.records import TurnState
 
@@ -68,6 +71,28 @@ def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def _by_identity(command: _Command) -> _Command:
+    """--tenant/--principal on a by-id command, passed as `identity`: with either, a turn of
+    another tenant or principal is treated as unknown (docs/platform.md, "By-id calls and
+    identity"); with neither, the turn id alone decides."""
+
+    @functools.wraps(command)
+    def run(*args: Any, tenant: str | None, principal: str | None, **kwargs: Any) -> Any:
+        identity = {k: v for k, v in (("tenant", tenant), ("principal", principal)) if v}
+        return command(*args, identity=identity or None, **kwargs)
+
+    run = click.option(
+        "--principal", default=None, callback=_not_empty, help="Only a turn of this principal."
+    )(run)
+    run = click.option(
+        "--tenant", default=None, callback=_not_empty, help="Only a turn of this tenant."
+    )(run)
+    return run  # type: ignore[return-value]
+
+
 # ---- output --------------------------------------------------------------------------------
 
 
@@ -85,7 +110,17 @@ def _stream_json_array(items: Iterator[Any]) -> None:
 
 
 def _console() -> Console:
-    return Console(highlight=False, width=_width())
+    # Literal: what it prints holds text of models, tools and people ("[/bold]", ":x:").
+    return Console(highlight=False, markup=False, emoji=False, width=_width())
+
+
+def _print_fields(rows: Iterable[tuple[str, str]]) -> None:
+    """A two-column table of fields and values, each cell Text: a value such as a reply
+    holding `[/bold]` or a `[redacted-url]` placeholder prints as it is, never as markup."""
+    table = Table("field", "value", show_header=False)
+    for field, value in rows:
+        table.add_row(Text(field), Text(value))
+    _console().print(table)
 
 
 def _width() -> int:
@@ -214,6 +249,12 @@ def stats(as_json: bool) -> None:
         )
     )
     _echo_state(figures["state"])
+    unreadable = figures["unreadableRecords"]
+    if unreadable["total"]:
+        click.echo(
+            f"unreadable     {_plural(unreadable['total'], 'turn record', 'turn records')} "
+            f"skipped by the pump and listings: {', '.join(unreadable['turnIds'])}"
+        )
     if figures["retriesOverdue"] and pump["mayBeDown"]:
         late_s = OVERDUE_PUMP_INTERVALS * ctx.settings.pump_interval_s
         click.echo(
@@ -262,6 +303,20 @@ def dlq_list(reason: str | None, as_json: bool) -> None:
         print_dead_letters(store.list_entries(reason=reason))
 
 
+def _entry_row(entry: dict[str, Any]) -> list[str]:
+    if UNREADABLE in entry:
+        return [entry["id"], "unreadable", "-", "-", "-", "-", str(entry[UNREADABLE])]
+    return [
+        entry["id"],
+        entry["reason"],
+        str(entry.get("attempts", "-")),
+        str(entry.get("agent", "-")),
+        str(entry.get("conversationId", "-")),
+        _when(entry["lastFailedAt"]),
+        f"{entry.get('errorType', '?')}: {entry.get('error', '')}",
+    ]
+
+
 def print_dead_letters(entries: list[dict[str, Any]]) -> None:
     if not entries:
         click.echo("The dead-letter store is empty.")
@@ -275,20 +330,10 @@ def print_dead_letters(entries: list[dict[str, Any]]) -> None:
         Column("last failed", drop=3),
         Column("error", flexible=True),
     ]
-    rows = [
-        [
-            e["id"],
-            e["reason"],
-            str(e["attempts"]),
-            e["agent"],
-            e["conversationId"],
-            _when(e["lastFailedAt"]),
-            f"{e['errorType']}: {e['error']}",
-        ]
-        for e in entries
-    ]
-    click.echo(format_table(columns, rows, _width()))
-    click.echo(f"{_plural(len(entries), 'entry', 'entries')}.")
+    click.echo(format_table(columns, [_entry_row(e) for e in entries], _width()))
+    unreadable = sum(1 for e in entries if UNREADABLE in e)
+    broken = f", {unreadable} unreadable (replay skips them)" if unreadable else ""
+    click.echo(f"{_plural(len(entries), 'entry', 'entries')}{broken}.")
     click.echo("`agentjobs dlq show ID` shows one; `agentjobs dlq replay ID` runs it again.")
 
 
@@ -300,19 +345,17 @@ def dlq_show(entry_id: str, as_json: bool) -> None:
     entry = _context().dead_letters.get(entry_id)
     if entry is None:
         raise Failure(f"no dead-letter entry {entry_id!r}; `agentjobs dlq list` shows them")
+    if UNREADABLE in entry:
+        raise UnreadableEntry(entry_id, entry[UNREADABLE])
     if as_json:
         _print_json(entry)
         return
-    table = Table("field", "value", show_header=False)
-    for key, value in entry.items():
-        if key in ("checkpoint", "kwargs"):
-            continue
-        table.add_row(key, str(value))
+    rows = [(k, str(v)) for k, v in entry.items() if k not in ("checkpoint", "kwargs")]
     checkpoint = entry.get("checkpoint") or {}
     history = checkpoint.get("history") or []
-    table.add_row("checkpoint", f"{len(history)} messages, runId {checkpoint.get('runId', '-')}")
-    table.add_row("kwargs", orjson.dumps(entry.get("kwargs")).decode()[:200])
-    _console().print(table)
+    rows.append(("checkpoint", f"{len(history)} messages, runId {checkpoint.get('runId', '-')}"))
+    rows.append(("kwargs", orjson.dumps(entry.get("kwargs")).decode()[:200]))
+    _print_fields(rows)
 
 
 @dlq.command("replay")
@@ -328,29 +371,60 @@ def dlq_replay(entry_id: str | None, every: bool, reason: str | None) -> None:
         hint = f"add --all to replay every {reason} entry" if reason else "give an entry ID"
         raise click.UsageError(f"say what to replay: {hint}, or --all for every entry")
     store = _context().dead_letters
-    ids = (
-        [entry_id] if entry_id is not None else [e["id"] for e in store.list_entries(reason=reason)]
-    )
-    if not ids:
+    if entry_id is not None:
+        replayed = store.replay(entry_id)
+        _echo_replayed(entry_id, replayed)
+        click.echo(f"follow it with `agentjobs turn show {replayed.turn_id}`")
+        return
+    entries = store.list_entries(reason=reason)
+    if not entries:
         which = f" with reason {reason}" if reason else ""
         click.echo(f"no dead-letter entries{which}; nothing replayed.")
         return
-    new_ids = []
-    for one in ids:
-        replayed = store.replay(one)
-        new_ids.append(replayed.turn_id)
-        if not replayed.first:
-            click.echo(f"{one} was already replayed as turn {replayed.turn_id}; not run again.")
+    new_ids, skipped = _replay_each(store, entries)
+    if len(entries) > 1:
+        click.echo(f"{_plural(len(new_ids), 'entry', 'entries')} replayed.")
+    if new_ids:
+        click.echo(
+            f"follow it with `agentjobs turn show {new_ids[0]}`"
+            if len(new_ids) == 1
+            else "follow each with `agentjobs turn show NEW_ID`, or all with `agentjobs turn list`"
+        )
+    if skipped:
+        raise Failure(
+            f"skipped {_plural(len(skipped), 'entry', 'entries')} it could not replay: "
+            f"{', '.join(skipped)}; they stay in the store (`agentjobs dlq show ID` says why)"
+        )
+
+
+def _replay_each(store: Any, entries: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """Replay every entry that can be; one that cannot (unreadable, or gone since the list
+    was read) is named and skipped, so one damaged entry holds none of the others back.
+    Returns (the new turn ids, the entry ids skipped)."""
+    new_ids: list[str] = []
+    skipped: list[str] = []
+    for entry in entries:
+        one = entry["id"]
+        try:
+            if UNREADABLE in entry:
+                raise UnreadableEntry(one, entry[UNREADABLE])
+            replayed = store.replay(one)
+        except ReplayError as exc:
+            why = exc.problem if isinstance(exc, UnreadableEntry) else str(exc).split(";")[0]
+            click.echo(f"skipped {one}: {why}.")
+            skipped.append(one)
             continue
-        how = "resuming its checkpoint" if replayed.resumed_from_checkpoint else "from its message"
-        click.echo(f"replayed {one} as turn {replayed.turn_id} ({how}).")
-    if len(ids) > 1:
-        click.echo(f"{_plural(len(ids), 'entry', 'entries')} replayed.")
-    click.echo(
-        f"follow it with `agentjobs turn show {new_ids[0]}`"
-        if len(new_ids) == 1
-        else "follow each with `agentjobs turn show NEW_ID`, or all with `agentjobs turn list`"
-    )
+        _echo_replayed(one, replayed)
+        new_ids.append(replayed.turn_id)
+    return new_ids, skipped
+
+
+def _echo_replayed(entry_id: str, replayed: Any) -> None:
+    if not replayed.first:
+        click.echo(f"{entry_id} was already replayed as turn {replayed.turn_id}; not run again.")
+        return
+    how = "resuming its checkpoint" if replayed.resumed_from_checkpoint else "from its message"
+    click.echo(f"replayed {entry_id} as turn {replayed.turn_id} ({how}).")
 
 
 @dlq.command("purge")
@@ -366,10 +440,28 @@ def dlq_purge(reason: str | None, older_than_s: float | None, every: bool, yes: 
         raise click.UsageError(
             "say which entries to delete: --reason R, --older-than 7d (or both), or --all"
         )
-    if not yes and sys.stdin.isatty():
-        click.confirm("Delete the matching dead-letter entries?", abort=True)
-    removed = _context().dead_letters.purge(reason=reason, older_than_s=older_than_s)
+    # Nobody at a terminal to answer (a script, a cron job, a pipe): deleting needs --yes.
+    if not yes and not sys.stdin.isatty():
+        raise Failure(
+            "dlq purge deletes only what it was told to: stdin is not a terminal, so pass "
+            "--yes to delete the matching entries without asking"
+        )
+    store = _context().dead_letters
+    # The entries counted in the question are the ones deleted, whatever is filed meanwhile.
+    doomed = store.purgeable(reason=reason, older_than_s=older_than_s)
+    if doomed and not yes:
+        count = _plural(len(doomed), "dead-letter entry", "dead-letter entries")
+        if not click.confirm(f"Delete {count}{_purge_filter(reason, older_than_s)}?"):
+            raise Failure("not confirmed; nothing deleted")
+    removed = store.remove(doomed)
     click.echo(f"purged {_plural(removed, 'entry', 'entries')}.")
+
+
+def _purge_filter(reason: str | None, older_than_s: float | None) -> str:
+    which = [f"reason {reason}"] if reason else []
+    if older_than_s is not None:
+        which.append(f"failed more than {human_s(older_than_s)} ago")
+    return f" ({', '.join(which)})" if which else " (all of them)"
 
 
 @main.group()
@@ -405,12 +497,13 @@ def _listed(summary: dict[str, Any]) -> dict[str, Any]:
 @turn.command("show")
 @click.argument("turn_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
-def turn_show(turn_id: str, as_json: bool) -> None:
+@_by_identity
+def turn_show(turn_id: str, as_json: bool, identity: dict[str, str] | None) -> None:
     """Show a turn's state: queued, running at iteration N, waiting for a retry, done."""
     from tasks.inspect import pump_may_be_down
 
     ctx = _context()
-    record = ctx.records.get(turn_id)
+    record = ctx.records.find(turn_id, identity)
     if record is None:
         kept = human_s(ctx.settings.record_ttl_s)
         raise Failure(
@@ -419,7 +512,10 @@ def turn_show(turn_id: str, as_json: bool) -> None:
         )
     from tasks.pauses import pending_actions
 
-    data = record.as_dict(ctx.records.progress(record))
+    progress, unreadable = _progress_of(ctx, record)
+    data = record.as_dict(progress)
+    if unreadable:
+        data["checkpointUnreadable"] = unreadable
     data["describe"] = describe_state(data)
     data["pending"] = [action.as_dict() for action in pending_actions(record)]
     if record.state == TurnState.WAITING:
@@ -427,23 +523,36 @@ def turn_show(turn_id: str, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
-    table = Table("field", "value", show_header=False)
-    table.add_row("state", data["describe"])
+    rows = [("state", data["describe"])]
     if data.get("overdue"):
-        table.add_row("overdue", "its retry is due but no pump took it: is `agentjobs pump` up?")
+        rows.append(("overdue", "its retry is due but no pump took it: is `agentjobs pump` up?"))
     for key in ("agent", "conversationId", "attempt", "deliveries", "worker", "lastError"):
         if data.get(key) not in (None, ""):
-            table.add_row(key, str(data[key]))
+            rows.append((key, str(data[key])))
     for action in data.get("pending") or []:
         asks = action["question"] or orjson.dumps(action["args"]).decode()
-        table.add_row("pending", f"{action['requestId']}: {action['kind']} {action['tool']} {asks}")
+        rows.append(("pending", f"{action['requestId']}: {action['kind']} {action['tool']} {asks}"))
     if data.get("replayOf"):
-        table.add_row("replayOf", str(data["replayOf"]))
+        rows.append(("replayOf", str(data["replayOf"])))
+    if unreadable:
+        rows.append(("checkpoint", f"unreadable: {unreadable}"))
     if data.get("result"):
-        table.add_row("result", orjson.dumps(data["result"]).decode()[:200])
-    _console().print(table)
+        rows.append(("result", orjson.dumps(data["result"]).decode()[:200]))
+    _print_fields(rows)
     if record.replayed_as:
         click.echo(f"follow the replay with `agentjobs turn show {record.replayed_as}`")
+
+
+def _progress_of(ctx: Any, record: Any) -> tuple[Any, str]:
+    """The turn's progress and "", or None and why it cannot be read: a damaged checkpoint
+    still lets the rest of the record show."""
+    from agent import AgentError
+    from tasks.errors import JobError
+
+    try:
+        return ctx.records.progress(record), ""
+    except (AgentError, JobError, ValueError, KeyError, TypeError) as exc:
+        return None, str(exc)[:300]
 
 
 # `turn watch` exit statuses: how the turn ended.
@@ -454,14 +563,17 @@ WATCH_EXIT = {"turn.succeeded": 0, "turn.dead_lettered": 3, "turn.cancelled": 4}
 @click.argument("turn_id")
 @click.option("--after", default=None, help="Start after this event id (to resume watching).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
-def turn_watch(turn_id: str, after: str | None, as_json: bool) -> None:
+@_by_identity
+def turn_watch(
+    turn_id: str, after: str | None, as_json: bool, identity: dict[str, str] | None
+) -> None:
     """Print a turn's events as they happen, until it ends. Exit status: 0 succeeded,
     3 dead-lettered, 4 cancelled."""
     from tasks.events import iter_events
 
     _context()  # settings and Redis first: their failures read as such
     last = ""
-    for event in iter_events(turn_id, after=after):
+    for event in iter_events(turn_id, after=after, identity=identity):
         last = event.type
         if as_json:
             line = {
@@ -484,14 +596,15 @@ def turn_watch(turn_id: str, after: str | None, as_json: bool) -> None:
 @turn.command("cancel")
 @click.argument("turn_id")
 @click.option("--reason", default="", help="Why (kept in the record and the event).")
-def turn_cancel(turn_id: str, reason: str) -> None:
+@_by_identity
+def turn_cancel(turn_id: str, reason: str, identity: dict[str, str] | None) -> None:
     """Cancel an unfinished turn, whatever its state; the next turn of its conversation runs."""
     from tasks.control import cancel_turn
 
-    if cancel_turn(turn_id, reason=reason):
+    if cancel_turn(turn_id, reason=reason, identity=identity):
         click.echo(f"cancelled turn {turn_id}.")
         return
-    record = _context().records.get(turn_id)
+    record = _context().records.find(turn_id, identity)
     if record is None:
         raise Failure(f"no turn {turn_id!r}; `agentjobs turn list` shows those there are")
     click.echo(f"turn {turn_id} had already ended ({record.state}); nothing to cancel.")
@@ -578,12 +691,17 @@ def _json_args(ctx: click.Context, param: click.Parameter, value: str | None) ->
     help="The call's arguments to run instead of the model's, as a JSON object.",
 )
 @click.option("--actor", default="", help="Who decides (kept in the record and the event).")
-def turn_approve(turn_id: str, request_id: str, edited_args: Any, actor: str) -> None:
+@_by_identity
+def turn_approve(
+    turn_id: str, request_id: str, edited_args: Any, actor: str, identity: dict[str, str] | None
+) -> None:
     """Approve a paused turn's tool call; the turn resumes once all its requests are decided."""
     from tasks.pauses import approve_action
 
     _context()
-    recorded = approve_action(turn_id, request_id, edited_args=edited_args, actor=actor)
+    recorded = approve_action(
+        turn_id, request_id, edited_args=edited_args, actor=actor, identity=identity
+    )
     _decided(turn_id, request_id, recorded, "approved")
 
 
@@ -592,12 +710,15 @@ def turn_approve(turn_id: str, request_id: str, edited_args: Any, actor: str) ->
 @click.argument("request_id")
 @click.option("--message", default="", help="What the model is told ([rejected] <message>).")
 @click.option("--actor", default="", help="Who decides (kept in the record and the event).")
-def turn_reject(turn_id: str, request_id: str, message: str, actor: str) -> None:
+@_by_identity
+def turn_reject(
+    turn_id: str, request_id: str, message: str, actor: str, identity: dict[str, str] | None
+) -> None:
     """Reject a paused turn's tool call: it does not run, and the model is told why."""
     from tasks.pauses import reject_action
 
     _context()
-    recorded = reject_action(turn_id, request_id, message=message, actor=actor)
+    recorded = reject_action(turn_id, request_id, message=message, actor=actor, identity=identity)
     _decided(turn_id, request_id, recorded, "rejected")
 
 
@@ -606,12 +727,15 @@ def turn_reject(turn_id: str, request_id: str, message: str, actor: str) -> None
 @click.argument("request_id")
 @click.argument("text")
 @click.option("--actor", default="", help="Who answers (kept in the record and the event).")
-def turn_answer(turn_id: str, request_id: str, text: str, actor: str) -> None:
+@_by_identity
+def turn_answer(
+    turn_id: str, request_id: str, text: str, actor: str, identity: dict[str, str] | None
+) -> None:
     """Answer a paused turn's question: the text is the ask_user call's result, verbatim."""
     from tasks.pauses import answer_question
 
     _context()
-    recorded = answer_question(turn_id, request_id, text, actor=actor)
+    recorded = answer_question(turn_id, request_id, text, actor=actor, identity=identity)
     _decided(turn_id, request_id, recorded, "answered")
 
 
@@ -746,7 +870,10 @@ def pump() -> None:
     "--port", type=click.IntRange(0, 65535), default=9808, show_default=True, help="TCP port."
 )
 @click.option(
-    "--host", default="0.0.0.0", show_default=True, help="Address to listen on (all by default)."
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface).",
 )
 def metrics(port: int, host: str) -> None:
     """Serve Prometheus metrics at /metrics, read from the state store at each scrape."""

@@ -8,7 +8,10 @@ AgentjobsGroup, the root command's class, maps these once for every subcommand:
     redis.RedisError (any other)          Redis refused the command (READONLY, OOM, ...)
     kombu OperationalError                cannot reach the Celery broker; CELERY_BROKER_URL
     SettingsError                         the variable and what it must be
-    ReplayError, LookupError              an unknown id, worded where it is raised
+    ReplayError, LookupError              an unknown id or an unreadable dead-letter entry,
+                                          worded where it is raised (not KeyError, IndexError:
+                                          those are bugs)
+    UnreadableRecord                      a damaged turn record, and how to get rid of it
     ActionConflict                        a decision that cannot be recorded, and why
     click.UsageError                      a bad argument, and which `--help` to read
 
@@ -68,7 +71,7 @@ def _why(exc: BaseException) -> str:
 def operator_message(exc: BaseException) -> str | None:
     """What a person should read for an expected failure; None for anything else (a bug)."""
     from tasks.deadletter import ReplayError
-    from tasks.errors import ActionConflict
+    from tasks.errors import ActionConflict, UnreadableRecord
 
     if isinstance(exc, redis.AuthenticationError):
         return (
@@ -91,7 +94,12 @@ def operator_message(exc: BaseException) -> str | None:
         return f"bad setting: {exc}; fix it in the environment and run again"
     if isinstance(exc, ActionConflict):
         return f"{exc}; `agentjobs turn pending` lists what waits for a decision"
-    if isinstance(exc, ReplayError | LookupError):
+    if isinstance(exc, UnreadableRecord):
+        return (
+            f"turn record {exc.turn_id!r} is unreadable ({exc.problem}); the job system skips "
+            "it: repair or delete its key with redis-cli"
+        )
+    if isinstance(exc, ReplayError | LookupError) and not isinstance(exc, KeyError | IndexError):
         return str(exc.args[0]) if exc.args else type(exc).__name__
     return None
 

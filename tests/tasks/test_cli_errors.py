@@ -74,7 +74,7 @@ def test_redis_down_names_where_and_what_to_do(args: list[str]) -> None:
 @pytest.mark.parametrize("args", [*STORE_COMMANDS, ["pump"]], ids=" ".join)
 def test_a_bad_setting_is_named(args: list[str]) -> None:
     done = run(args, AGENTJOBS_LEASE_TTL_S="x")
-    assert_actionable(done, "AGENTJOBS_LEASE_TTL_S must be a number of seconds > 0, got 'x'")
+    assert_actionable(done, "AGENTJOBS_LEASE_TTL_S must be a number of seconds > 0", "got 'x'")
     assert done.returncode == 1
 
 

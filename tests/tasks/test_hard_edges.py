@@ -374,3 +374,33 @@ def test_a_full_redis_never_makes_healthy_turns_poison(
         assert record is not None and record.state is TurnState.SUCCEEDED
         assert record.attempt == 1
     assert "poison" not in jobs.logs()
+
+
+def test_the_cli_by_id_commands_take_the_identity(jobs: Any) -> None:
+    from tests.tasks.test_cli import cli
+
+    result, request_id = _paused_refund_of_a(jobs)
+    wrong = ("--tenant", "beta", "--principal", "u-9")
+    right = ("--tenant", "acme", "--principal", "u-1")
+    unknown = cli("turn", "show", "never-was", exit_code=1)
+    shown = cli("turn", "show", result.id, *wrong, exit_code=1)
+    assert shown.replace(result.id, "ID") == unknown.replace("never-was", "ID")
+    cli("turn", "cancel", result.id, *wrong, exit_code=1)
+    cli(
+        "turn",
+        "approve",
+        result.id,
+        request_id,
+        "--args",
+        '{"amount": 100000}',
+        *wrong,
+        exit_code=1,
+    )
+    cli("turn", "reject", result.id, request_id, *wrong, exit_code=1)
+    cli("turn", "watch", result.id, "--tenant", "beta", exit_code=1)
+    status = turn_status(result.id)
+    assert status is not None and status.state is TurnState.PAUSED
+    assert "acme" not in shown and "a-refunds" not in shown
+    assert "paused" in cli("turn", "show", result.id, *right)
+    cli("turn", "approve", result.id, request_id, *right)
+    assert result.get(timeout=30)["conversationId"] == "a-refunds"
