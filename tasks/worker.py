@@ -151,7 +151,7 @@ def revoke(
     ctx = job_context()
     others = []
     for one in maybe_list(task_id) or []:
-        if ctx.records.get(str(one)) is None:
+        if ctx.records.readable(str(one)) is None:
             others.append(one)
         elif cancel_turn(str(one), reason="revoked"):
             logger.info("turn %s revoked: cancelled", one)
