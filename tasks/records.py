@@ -405,9 +405,13 @@ class TurnRecords:
     def owner_of(self, turn_id: str) -> set[str]:
         """The namespaces holding a record of `turn_id`, over every shard (one round trip)."""
         with self._redis.pipeline(transaction=False) as pipe:
-            for shard in self._keys.all_shards():
-                pipe.hget(shard.turn(turn_id), "namespace")
+            self._ask_namespaces(pipe, turn_id)
             return {_text(found) for found in pipe.execute() if found is not None}
+
+    def _ask_namespaces(self, pipe: Any, turn_id: str) -> None:
+        """Queue on `pipe` a read of each shard's record of `turn_id` for its namespace."""
+        for shard in self._keys.all_shards():
+            pipe.hget(shard.turn(turn_id), "namespace")
 
     def claim_turn_id(self, turn_id: str, namespace: str) -> bool:
         """Whether `turn_id` may name a turn of `namespace`: no other conversation holds a
@@ -419,8 +423,7 @@ class TurnRecords:
         with self._redis.pipeline(transaction=False) as pipe:
             pipe.set(marker, namespace, nx=True, ex=TURN_ID_MARKER_TTL_S)
             pipe.get(marker)
-            for shard in self._keys.all_shards():
-                pipe.hget(shard.turn(turn_id), "namespace")
+            self._ask_namespaces(pipe, turn_id)
             replies = pipe.execute()
         marked = replies[1]
         if marked is not None and _text(marked) != namespace:

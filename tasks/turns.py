@@ -57,6 +57,7 @@ from agent import (
     can_resume,
 )
 from tasks.app import app
+from tasks.broker import REFUSED_WRITES
 from tasks.context import JobContext, job_context
 from tasks.deadletter import file_dead_letter
 from tasks.errors import (
@@ -93,15 +94,15 @@ _T = TypeVar("_T")
 # How a turn waits for a store that refuses its writes: from the first retry to the longest.
 STORE_RETRY_FIRST_S = 0.1
 STORE_RETRY_MAX_S = 2.0
-# Errors that mean the store refuses writes for now (full, a replica, still loading, failing
-# over, unreachable), not that the write is wrong. redis-py maps OOM, READONLY and LOADING
-# replies to their own classes (and drops the code from the text); the rest keep theirs.
+# Errors that mean the store refuses writes for now, not that the write is wrong: the
+# broker's refusals (full, a replica), and still loading or unreachable. redis-py maps OOM,
+# READONLY and LOADING replies to their own classes (and drops the code from the text); the
+# rest keep theirs.
 _REFUSED = (
+    *REFUSED_WRITES,
+    redis.exceptions.BusyLoadingError,
     redis.ConnectionError,
     redis.TimeoutError,
-    redis.exceptions.OutOfMemoryError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.BusyLoadingError,
 )
 _REFUSAL_CODES = ("TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "NOREPLICAS", "OOM", "READONLY")
 
