@@ -1,14 +1,14 @@
 """Celery configuration for agentjobs. Configuration only: every value comes from
-tasks.settings.Settings, the one reader of the environment (README.md, "Settings"), so REDIS_URL
-alone points the broker, the result backend and every store at one Redis, and a key prefix
-alone keeps two deployments on one Redis apart. `AGENTS` below is yours to fill."""
+Settings (tasks/core/settings.py), the one reader of the environment (README, "Settings"),
+so REDIS_URL alone points the broker, the result backend and every store at one Redis, and a
+key prefix alone keeps two deployments on one Redis apart. `AGENTS` below is yours to fill."""
 
 import sys
 
 from kombu import Exchange, Queue
 
-from tasks.settings import SettingsError, load_settings
-from tasks.state import celery_sentinel
+from tasks.core.settings import SettingsError, load_settings
+from tasks.store.client import celery_sentinel
 
 # Agents by name: "name": "module:factory" (a factory takes no arguments and returns an
 # agent.Agent; the module imports from the worker's working directory, as `celery -A` does).
@@ -32,7 +32,7 @@ result_backend, _backend_sentinel = celery_sentinel(
 )
 # Celery reads CELERY_BROKER_URL and CELERY_RESULT_BACKEND from the environment itself, and
 # they win over broker_url and result_backend: a translated URL is given where it wins instead
-# (the broker's read and write URLs; the backend through tasks/app.py).
+# (the broker's read and write URLs; the backend through tasks/queue/app.py).
 if broker_transport_options:
     broker_read_url = broker_write_url = broker_url
 if _backend_sentinel:
@@ -55,7 +55,7 @@ result_backend_transport_options = {
 result_extended = False
 
 # Remote control (ping, inspect, mingle) and events on exchanges of our own, in JSON (the
-# control replies are made JSON in tasks/app.py), so that any other Celery app on the same Redis
+# control replies are JSON: tasks/queue/app.py), so that any other Celery app on the same Redis
 # neither hears our broadcasts nor chokes on our replies.
 control_exchange = _settings.key_prefix
 event_exchange = f"{_settings.key_prefix}.events"

@@ -3,7 +3,7 @@ basic tokens, credentials in URLs. Pure text in, text out.
 
 The runtime applies them to the text of a tool's exception before the model, the history or a
 hook sees it (`redact_tool_error`); the HTTP providers to a provider's error text
-(agent/providers/_http.py); the job system to everything it stores or logs (tasks/redact.py,
+(agent/providers/_http.py); the job system to everything it stores or logs (tasks/core/redact.py,
 which adds the values of the process's secret environment variables).
 
 URLs: a tool's error keeps its URLs and loses only their credentials (the `user:password@`

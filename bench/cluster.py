@@ -47,7 +47,7 @@ def measure(label: str, turns: int, prefix: str) -> float:
 
 def run(label: str, env: dict[str, str], logs: Path, args: argparse.Namespace) -> float:
     """Point this process and fresh workers at `env`'s state, warm up, measure."""
-    from tasks.context import reset
+    from tasks.queue.context import reset
 
     os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS"))})
     reset()

@@ -45,7 +45,7 @@ def bytes_in(client: Any) -> int:
 def one_conversation(client: Any, turns: int) -> list[tuple[float, int, int]]:
     """(seconds, bytes sent to Redis, stored conversation bytes) for each turn."""
     from tasks import run_turn
-    from tasks.context import job_context
+    from tasks.queue.context import job_context
 
     key = job_context().keys.conversation("_/_/long")
     # INFO's own request is counted too: measured once and taken off.

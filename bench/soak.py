@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 from bench import soak_agent as sa  # noqa: E402
 from bench import soak_checks as checks  # noqa: E402
 from bench.soak_checks import TERMINAL, Finding, PlannedTurn, Turn  # noqa: E402
-from tasks.keys import Keys  # noqa: E402
+from tasks.core.keys import Keys  # noqa: E402
 from tasks.testing import (  # noqa: E402
     Process,
     RedisServer,
@@ -474,7 +474,7 @@ def configure_client(env: dict[str, str], redis_url: str) -> None:
     """This process is a client: same settings as the workers, none of their secrets."""
     os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS_URL"))})
     from tasks import app
-    from tasks.context import reset
+    from tasks.queue.context import reset
 
     app.conf.update(broker_url=redis_url, result_backend=redis_url)
     reset()
@@ -483,7 +483,7 @@ def configure_client(env: dict[str, str], redis_url: str) -> None:
 def submit(plan: list[PlannedTurn]) -> list[tuple[str, str]]:
     """Each turn's task id and its conversation's namespace."""
     from tasks import run_turn
-    from tasks.store import namespace_for
+    from tasks.store.conversations import namespace_for
 
     return [
         (
@@ -529,7 +529,7 @@ def examine(
     cluster: Cluster, observer: Observer, plan: list[PlannedTurn], events: list[ChaosEvent]
 ) -> Outcome:
     from tasks import app, load_conversation
-    from tasks.context import job_context
+    from tasks.queue.context import job_context
 
     ctx = job_context()
     records = observer.records()
@@ -669,7 +669,7 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
     try:
         configure_client(cluster.env, server.url)
         cluster.start()
-        from tasks.context import job_context
+        from tasks.queue.context import job_context
 
         observer = Observer(job_context().redis, job_context().keys, [])
         events, problems = drive(cluster, observer, plan, started, args.timeout_s)

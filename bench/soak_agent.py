@@ -38,7 +38,7 @@ from agent import (
     ToolContext,
     tool,
 )
-from tasks.context import job_context
+from tasks.queue.context import job_context
 
 RATE_503 = 0.15
 RATE_429 = 0.05

@@ -20,7 +20,7 @@ import redis
 from agent import OUTCOME_UNKNOWN, AgentRunCheckpoint
 from agent.journal import outcome_unknown_text
 from bench import soak_agent as sa
-from tasks.errors import TurnDeadLettered
+from tasks.core.errors import TurnDeadLettered
 from tasks.testing import redis_blob
 
 TERMINAL = ("succeeded", "dead_lettered")

@@ -7,23 +7,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent import AgentRunCheckpoint
-from tasks.app import app
-from tasks.context import job_context
-from tasks.control import cancel_conversation, cancel_turn
-from tasks.errors import (
+from tasks.core.errors import (
     ActionConflict,
     InvalidTurnRequest,
     Reason,
     TurnCancelled,
     TurnDeadLettered,
 )
-from tasks.events import TurnEvent, iter_events
-from tasks.pauses import PendingAction, answer_question, approve_action, reject_action
-from tasks.records import TurnState
-from tasks.status import TurnStatus, turn_status
-from tasks.store import namespace_for
-from tasks.turns import resume_turn, run_turn
-from tasks.worker import HandoverStep, PresenceStep
+from tasks.operate.control import cancel_conversation, cancel_turn
+from tasks.operate.events import TurnEvent, iter_events
+from tasks.operate.people import PendingAction, answer_question, approve_action, reject_action
+from tasks.operate.status import TurnStatus, turn_status
+from tasks.queue.app import app
+from tasks.queue.context import job_context
+from tasks.store.conversations import namespace_for
+from tasks.store.records import TurnState
+from tasks.turn.tasks import resume_turn, run_turn
+from tasks.turn.worker import HandoverStep, PresenceStep
 
 app.steps["worker"].add(PresenceStep)
 app.steps["worker"].add(HandoverStep)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from agent import AnthropicProvider, LLMProvider, OpenAIChatProvider
 from agent.providers import anthropic, openai
-from tasks.settings import Settings, SettingsError
+from tasks.core.settings import Settings, SettingsError
 
 
 def provider_from_settings(settings: Settings) -> LLMProvider | None:

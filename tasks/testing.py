@@ -313,7 +313,7 @@ def start_pump(
     cwd: Path = ROOT,
     command_prefix: list[str] | None = None,
 ) -> Process:
-    command = [*(command_prefix or []), sys.executable, "-m", "tasks.pump"]
+    command = [*(command_prefix or []), sys.executable, "-m", "tasks.turn.pump"]
     return start_process("pump", command, env, logdir, ready=READY["pump"], timeout_s=30, cwd=cwd)
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
-    from tasks.events import TurnEvent
+    from tasks.operate.events import TurnEvent
 
 DEMO_AGENT = "tasks.demo.agents:build_demo_agent"
 TURNS = [
@@ -87,7 +87,7 @@ def describe_event(event: TurnEvent) -> str:
 
 def follow(turns: dict[str, Any], timeout_s: float = 40) -> None:
     """Print each turn's events as they happen (tasks.iter_events), until all have ended."""
-    from tasks.events import TERMINAL_EVENTS, iter_events
+    from tasks.operate.events import TERMINAL_EVENTS, iter_events
 
     last: dict[str, str | None] = dict.fromkeys(turns)
     ended: set[str] = set()
@@ -143,7 +143,7 @@ def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
     os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS_"))})
     from tasks import TurnDeadLettered, app, load_conversation, run_turn
     from tasks.cli import print_dead_letters
-    from tasks.context import job_context
+    from tasks.queue.context import job_context
 
     processes: list[Process] = []
     try:
@@ -188,7 +188,7 @@ def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
 def main() -> int:
     import redis
 
-    from tasks.settings import load_settings
+    from tasks.core.settings import load_settings
     from tasks.testing import RedisServer, redis_answers
 
     with tempfile.TemporaryDirectory(prefix="agentjobs-demo-") as tmp:

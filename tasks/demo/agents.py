@@ -33,8 +33,8 @@ from agent import (
     fnv1a,
     tool,
 )
-from tasks.context import job_context
 from tasks.providers import provider_from_settings
+from tasks.queue.context import job_context
 
 _DIRECTIVE = re.compile(r"\b(fail|rounds|slow|think|refund):([0-9A-Za-z.@-]+)")
 

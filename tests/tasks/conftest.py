@@ -86,7 +86,7 @@ class Jobs:
 
 
 def configure_client(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks.context import reset
+    from tasks.queue.context import reset
 
     for key in list(os.environ):
         if key.startswith("AGENTJOBS_"):
@@ -128,7 +128,7 @@ def make_jobs(
     yield make
     for jobs in started:
         jobs.stop_all()
-    from tasks.context import reset
+    from tasks.queue.context import reset
 
     reset()
 

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tasks import run_turn
-from tasks.context import job_context
-from tasks.records import TurnRecord
-from tasks.retry import backoff_delay_s
+from tasks.core.backoff import backoff_delay_s
+from tasks.queue.context import job_context
+from tasks.store.records import TurnRecord
 from tasks.testing import wait_until
 
 # -- the policy (pure) ---------------------------------------------------------------------------

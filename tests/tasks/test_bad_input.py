@@ -10,8 +10,8 @@ import pytest
 
 from agent import AgentRunCheckpoint
 from tasks import TurnDeadLettered, app, load_conversation, run_turn
-from tasks.context import job_context
-from tasks.store import envelope_bytes, namespace_for
+from tasks.queue.context import job_context
+from tasks.store.conversations import envelope_bytes, namespace_for
 from tasks.testing import wait_until
 
 

@@ -15,9 +15,9 @@ import pytest
 from kombu import Connection, Exchange, Producer, Queue
 
 from tasks import TurnDeadLettered, run_turn, turn_status
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import wait_until
-from tasks.worker import unreadable
+from tasks.turn.worker import unreadable
 from tests.tasks.test_metrics import scrape, start_metrics, value
 
 # In every bad body: a Celery body dump in the log would show it.

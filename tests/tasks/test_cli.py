@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from tasks import TurnDeadLettered, app, iter_events, load_conversation, run_turn
 from tasks.cli import main, parse_duration_s
-from tasks.context import job_context
-from tasks.records import TurnState
+from tasks.queue.context import job_context
+from tasks.store.records import TurnState
 from tasks.testing import wait_until
 from tests.conftest import ROOT
 

@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 
 from tasks import run_turn
 from tasks.cli import main
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import wait_until
 from tests.tasks.test_cli import cli, dead_lettered
 

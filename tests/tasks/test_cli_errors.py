@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli_errors import redis_location
+from tasks.cli.errors import redis_location
 from tasks.testing import free_port, job_env
 
 AGENTJOBS = str(Path(sys.executable).parent / "agentjobs")

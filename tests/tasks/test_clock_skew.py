@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from tasks import run_turn
-from tasks.context import job_context
-from tasks.records import TurnRecord, TurnState
+from tasks.queue.context import job_context
+from tasks.store.records import TurnRecord, TurnState
 from tasks.testing import wait_until
 from tests.tasks.faketime import IN_CI, faketime_prefix
 

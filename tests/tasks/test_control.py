@@ -21,9 +21,9 @@ from tasks import (
     run_turn,
     turn_status,
 )
-from tasks.context import job_context
-from tasks.control import cancel_conversation, cancel_turn
-from tasks.errors import InvalidTurnRequest, TurnCancelled
+from tasks.core.errors import InvalidTurnRequest, TurnCancelled
+from tasks.operate.control import cancel_conversation, cancel_turn
+from tasks.queue.context import job_context
 from tasks.testing import wait_until
 
 pytestmark = pytest.mark.integration

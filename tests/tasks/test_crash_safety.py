@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from tasks import load_conversation, run_turn
-from tasks.context import job_context
-from tasks.records import TurnRecord
+from tasks.queue.context import job_context
+from tasks.store.records import TurnRecord
 from tasks.testing import children_of, wait_until
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 from celery.result import AsyncResult
 
 from tasks import TurnDeadLettered, app, load_conversation, run_turn
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import wait_until
 
 

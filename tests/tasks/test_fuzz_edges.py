@@ -20,7 +20,7 @@ from tasks import (
     run_turn,
     turn_status,
 )
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import wait_until
 
 # Values a careless or hostile caller may pass where JSON is expected.

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks import TurnDeadLettered, app, run_turn
-from tasks.errors import InvalidTurnRequest, Reason
-from tasks.turns import check_request
+from tasks.core.errors import InvalidTurnRequest, Reason
+from tasks.turn.tasks import check_request
 
 json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20)
 json_values = st.recursive(

@@ -18,10 +18,10 @@ import orjson
 import pytest
 
 from tasks import iter_events, run_turn
-from tasks.context import job_context
 from tasks.demo.agents import demo_counter
-from tasks.events import TurnEvent
-from tasks.records import TurnRecord, TurnState
+from tasks.operate.events import TurnEvent
+from tasks.queue.context import job_context
+from tasks.store.records import TurnRecord, TurnState
 from tasks.testing import Process, wait_until
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from tasks import (
     run_turn,
     turn_status,
 )
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import wait_until
 
 A = {"tenant": "acme", "principal": "u-1"}
@@ -236,7 +236,7 @@ def test_damaged_records_stop_neither_the_pump_nor_other_turns(make_jobs: Any) -
     for turn_id in ("bad-attempt", "bad-state"):
         assert log.count(f"turn record '{turn_id}' is unreadable") == 1, log[-3000:]
     assert "Traceback" not in log or "could not be handled" in log
-    from tasks.inspect import stats
+    from tasks.operate.inspect import stats
 
     figures = stats(job_context())
     assert set(figures["unreadableRecords"]["turnIds"]) >= {"bad-attempt", "bad-state"}

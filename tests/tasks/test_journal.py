@@ -15,7 +15,7 @@ import pytest
 
 from agent import OUTCOME_UNKNOWN, AgentRunCheckpoint
 from tasks import iter_events, load_conversation, run_turn, turn_status
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import wait_until
 
 

@@ -1,4 +1,4 @@
-"""The Lua scripts (tasks/lua/*.lua), each driven directly against a real Redis through
+"""The Lua scripts (tasks/store/lua/*.lua), each driven directly against a real Redis through
 TurnRecords, no workers: what each one writes, what it refuses, and the fence that keeps a
 stale worker (one whose lease ran out and was taken over) from writing over its successor.
 Every time comes from the server's clock. Last, every key a script is given, and every key its
@@ -19,8 +19,8 @@ import redis
 from redis.client import Monitor
 from redis.crc import key_slot
 
-from tasks.keys import Keys
-from tasks.records import (
+from tasks.core.keys import Keys
+from tasks.store.records import (
     Claim,
     ClaimStatus,
     Due,

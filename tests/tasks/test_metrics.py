@@ -19,9 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks import TurnDeadLettered, cancel_turn, run_turn, turn_status
-from tasks.context import job_context
-from tasks.metrics import REQUEST_TIMEOUT_S
-from tasks.records import TurnState
+from tasks.operate.metrics import REQUEST_TIMEOUT_S
+from tasks.queue.context import job_context
+from tasks.store.records import TurnState
 from tasks.testing import READY, Process, free_port, start_process, wait_until
 
 AGENTJOBS = str(Path(sys.executable).parent / "agentjobs")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tasks import Reason, TurnDeadLettered, run_turn
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import children_of
 
 pytestmark = pytest.mark.integration

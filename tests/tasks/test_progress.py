@@ -1,4 +1,4 @@
-"""Progress frames (tasks/progress.py): a base and the frames written after it give back the
+"""Progress frames (tasks/store/progress.py): a base and the frames written after it give back the
 very checkpoint the runtime reported, and a round's frame does not grow with the conversation."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from agent import Agent, AgentRunCheckpoint, Compaction, LLMResponse, ScriptedProvider, ToolCall
 from agent import tool as make_tool
-from tasks.progress import BadProgress, FrameWriter, apply_frames, assemble
+from tasks.store.progress import BadProgress, FrameWriter, apply_frames, assemble
 
 
 @make_tool

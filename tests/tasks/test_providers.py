@@ -16,9 +16,9 @@ from agent import (
     ProviderTimeoutError,
 )
 from tasks import TurnDeadLettered, run_turn
-from tasks.context import job_context
+from tasks.core.settings import SettingsError, load_settings
 from tasks.providers import provider_from_settings
-from tasks.settings import SettingsError, load_settings
+from tasks.queue.context import job_context
 from tests.tasks.model_server import model_server
 
 OPENAI_KEY = "sk-test-0penai-SECRET-key-4f9a2c"

@@ -1,7 +1,7 @@
 """Recovery with the default lease (issue 8, item 8): after a worker's main process is
 SIGKILLed, its running turn starts again on another worker within the lease (10 s), a pump
 tick and some slack; so does a queued turn whose message that worker held prefetched and
-never started, woken because the worker's heartbeat stopped (tasks/worker.py, tasks/pump.py
+never started, woken because the worker's heartbeat stopped (turn/worker.py, turn/pump.py
 wake_orphans). Each test prints the delay it measured, on the server's clock.
 """
 
@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from tasks import run_turn
-from tasks.context import job_context
-from tasks.records import TurnRecord, TurnState
-from tasks.settings import Settings
+from tasks.core.settings import Settings
+from tasks.queue.context import job_context
+from tasks.store.records import TurnRecord, TurnState
 from tasks.testing import wait_until
 
 pytestmark = pytest.mark.integration

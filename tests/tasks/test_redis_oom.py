@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from tasks import TurnState, iter_events, load_conversation, run_turn, turn_status
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import RedisServer, wait_until
 
 # Two lease lifetimes of the test settings (AGENTJOBS_LEASE_TTL_S=3): the leases of the turns

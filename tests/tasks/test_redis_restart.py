@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tasks import load_conversation, run_turn
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import RedisServer, wait_until
 from tests.tasks.conftest import drop_client_connections
 

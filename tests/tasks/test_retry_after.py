@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tasks import run_turn
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tests.tasks.agents import TEST_OPENAI_BASE_URL
 
 pytestmark = pytest.mark.integration

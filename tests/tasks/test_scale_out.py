@@ -28,11 +28,11 @@ import redis
 from kombu import pools
 
 from tasks import app, approve_action, load_conversation, run_turn, turn_status
-from tasks.context import job_context, reset
-from tasks.errors import TurnDeadLettered
-from tasks.inspect import stats
-from tasks.records import TurnState
-from tasks.state import celery_sentinel
+from tasks.core.errors import TurnDeadLettered
+from tasks.operate.inspect import stats
+from tasks.queue.context import job_context, reset
+from tasks.store.client import celery_sentinel
+from tasks.store.records import TurnState
 from tasks.testing import (
     Process,
     RabbitVhost,

@@ -12,7 +12,7 @@ import pytest
 from kombu import Connection, Exchange, Producer, Queue
 
 from tasks import TurnDeadLettered, app, run_turn
-from tasks.redact import process_secrets, redact, tool_error_redactor
+from tasks.core.redact import process_secrets, redact, tool_error_redactor
 from tasks.testing import redis_blob, wait_until
 from tests.tasks.agents import LEAKY_TOOL_ENV
 

@@ -1,4 +1,4 @@
-"""Settings: one reader of the environment (tasks/settings.py), every value checked and refused
+"""Settings: one reader of the environment (tasks/core/settings.py), every value checked and refused
 by its variable's name, Celery configured from it, and no other reader anywhere."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.settings import Settings, SettingsError, load_settings, parse_agents
+from tasks.core.settings import Settings, SettingsError, load_settings, parse_agents
 from tasks.testing import ROOT
 
 KEY = "sk-test-Settings0123456789SECRET"
@@ -215,7 +215,7 @@ _ENV_READ = re.compile(r"os\.environ|getenv|environ\.get")
 
 def test_only_settings_reads_the_environment_in_tasks_and_celeryconfig() -> None:
     # tasks/testing.py and the demo build their child processes' environments from this one.
-    allowed = {"tasks/settings.py", "tasks/testing.py", "tasks/demo/__init__.py"}
+    allowed = {"tasks/core/settings.py", "tasks/testing.py", "tasks/demo/__init__.py"}
     readers = {
         str(path.relative_to(ROOT))
         for path in [*sorted((ROOT / "tasks").rglob("*.py")), ROOT / "celeryconfig.py"]
@@ -244,7 +244,7 @@ def test_every_setting_is_used(name: str) -> None:
 
 
 def test_every_variable_is_in_the_readmes_settings_tables() -> None:
-    source = (ROOT / "tasks/settings.py").read_text()
+    source = (ROOT / "tasks/core/settings.py").read_text()
     variables = set(re.findall(r'env\.\w+\(\s*"([A-Z][A-Z0-9_]+)"', source))
     assert {"REDIS_URL", "AGENTJOBS_OTEL_CAPTURE_CONTENT"} <= variables
     readme = (ROOT / "README.md").read_text(encoding="utf-8")

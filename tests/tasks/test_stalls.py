@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from tasks import app, run_turn
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import wait_until
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""AGENTJOBS_STATE_URL and the redis+sentinel:// broker spelling (tasks/state.py), and the rule
+"""AGENTJOBS_STATE_URL and the redis+sentinel:// broker spelling (store/client.py), and the rule
 that tells a lost store from an unknown turn, without servers."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from celery.backends.redis import SentinelBackend
 from kombu import Connection
 
 from tasks import state
-from tasks.settings import SettingsError, load_settings
-from tasks.state import StateTarget, celery_sentinel, lost_state, parse_state_url
+from tasks.core.settings import SettingsError, load_settings
+from tasks.store.client import StateTarget, celery_sentinel, lost_state, parse_state_url
 from tasks.testing import ROOT, free_port
 
 

@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from tasks import TurnDeadLettered, run_turn
-from tasks.context import job_context
-from tasks.keys import Keys
-from tasks.records import TurnRecords
+from tasks.core.keys import Keys
+from tasks.queue.context import job_context
+from tasks.store.records import TurnRecords
 from tasks.testing import RedisServer
 from tests.agent.support import wire_checkpoint
 
@@ -79,8 +79,8 @@ def file_entries(records: TurnRecords, count: int, checkpoint_bytes: int) -> Non
 def test_listing_dead_letters_reads_summaries_not_checkpoints(
     redis_server: RedisServer,
 ) -> None:
-    from tasks.deadletter import DeadLetterStore
-    from tasks.store import ConversationStore
+    from tasks.store.conversations import ConversationStore
+    from tasks.store.dead_letters import DeadLetterStore
 
     client = redis.Redis.from_url(redis_server.url)
     client.flushdb()

@@ -1,5 +1,5 @@
 """The job system's public surface (docs/api.md, section "tasks"): pinned, like `agent`'s.
-Users import what they need from `tasks`; nothing makes them reach into tasks.context."""
+Users import what they need from `tasks`; nothing makes them reach into tasks.queue.context."""
 
 from __future__ import annotations
 

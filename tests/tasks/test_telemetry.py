@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of real turns on a real worker (tasks/telemetry.py): one trace per turn
+"""OpenTelemetry spans of real turns on a real worker (telemetry/tracing.py): one trace per turn
 across its retry, the GenAI names and attributes, parents and children, and content only when
 AGENTJOBS_OTEL_CAPTURE_CONTENT=1. The worker's tracer provider is set by its agent module
 (tests/tasks/traced_agents.py) and writes each span to a file the test reads."""
@@ -15,7 +15,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from tasks import run_turn
-from tasks.context import job_context
+from tasks.queue.context import job_context
 from tasks.testing import ROOT, wait_until
 
 TRACED = "traced=tests.tasks.traced_agents:build_traced_agent"
@@ -165,7 +165,8 @@ def test_without_opentelemetry_a_worker_runs_turns_and_records_no_trace(
     jobs.worker(env={"PYTHONPATH": f"{blocker}:{ROOT}"})
     jobs.pump()
     probe = (
-        "import tasks.telemetry as t; print(t.OTEL_AVAILABLE, t.tracing(), repr(t.current_trace()))"
+        "import tasks.telemetry.tracing as t; "
+        "print(t.OTEL_AVAILABLE, t.tracing(), repr(t.current_trace()))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe],

@@ -8,9 +8,9 @@ import orjson
 import pytest
 
 from agent import AgentRunCheckpoint, CheckpointFormatError
-from tasks.errors import BadPayload, TurnDeadLettered, UnreadableConversation
-from tasks.payload import parse_payload, registration_of
-from tasks.store import envelope_bytes, namespace_for, read_envelope
+from tasks.core.errors import BadPayload, TurnDeadLettered, UnreadableConversation
+from tasks.core.payload import parse_payload, registration_of
+from tasks.store.conversations import envelope_bytes, namespace_for, read_envelope
 
 CHECKPOINT = {
     "version": 1,

@@ -1,0 +1,64 @@
+"""One process's view of the job system: settings, the Redis client and the stores on it.
+
+Built once per process on first use (workers, the pump, the CLI and clients all read the same
+environment), so importing `tasks` never opens a connection.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from tasks.core.keys import Keys
+from tasks.core.settings import Settings, load_settings
+from tasks.queue.app import app
+from tasks.store.client import StateClient, StateEpoch, connect, parse_state_url
+from tasks.store.conversations import ConversationStore
+from tasks.store.dead_letters import DeadLetterStore
+from tasks.store.leases import LeaseKeeper
+from tasks.store.records import TurnRecords
+
+
+@dataclass(frozen=True)
+class JobContext:
+    settings: Settings
+    # The state store (AGENTJOBS_STATE_URL): one Redis, a Cluster, or a Sentinel group's master.
+    redis: StateClient
+    keys: Keys
+    records: TurnRecords
+    store: ConversationStore
+    dead_letters: DeadLetterStore
+    leases: LeaseKeeper
+    epoch: StateEpoch
+
+
+def build_context(settings: Settings) -> JobContext:
+    client = connect(parse_state_url(settings.state_url))
+    keys = Keys(settings.key_prefix, settings.index_shards)
+    records = TurnRecords(client, keys)
+    store = ConversationStore(client, keys)
+    return JobContext(
+        settings=settings,
+        redis=client,
+        keys=keys,
+        records=records,
+        store=store,
+        dead_letters=DeadLetterStore(client, records, store, settings.record_ttl_s),
+        leases=LeaseKeeper(records, settings.lease_ttl_s),
+        epoch=StateEpoch(client, keys.epoch, keys.epochs_lost),
+    )
+
+
+@functools.cache
+def job_context() -> JobContext:
+    # celeryconfig.py's AGENTS, as the app loaded it, is the registry AGENTJOBS_AGENTS extends.
+    return build_context(load_settings(registry=app.conf.get("AGENTS")))
+
+
+def reset() -> None:
+    """Forget this process's context and the secrets read with it, so the next use reads the
+    environment again (tests that change it)."""
+    from tasks.core.redact import process_secrets
+
+    job_context.cache_clear()
+    process_secrets.cache_clear()

@@ -1,0 +1,710 @@
+"""Turn records: the source of truth for every turn, changed only by the Lua scripts in
+tasks/store/lua/, so each state change is atomic with the queue, lease and index updates that go
+with it. Each script is tasks/store/lua/common.lua (the server clock, the lease encoding, ending a
+turn) followed by the script's own body; every script touches the keys of one shard only.
+
+The states of a turn and what moves it (the only transitions there are):
+
+    register ──> queued ──claim──> running ──answer──────────────────────> succeeded
+                   │  ^              │  │
+                   │  │              │  ├──resumable failure, attempts left──> waiting
+                   │  │              │  │                                        │
+                   │  │              │  │           claim, once due (the pump) <─┘  -> running
+                   │  │              │  │
+                   │  │              │  ├──lease expired (worker died): takeover, a new claim
+                   │  │              │  │  of the same running turn from its last checkpoint
+                   │  │              │  │
+                   │  └──────────────┼──┴──its worker shuts down (a deploy): handed over, the
+                   │                 │     lease released at once; claimed again from its last
+                   │                 │     checkpoint as the same delivery
+                   │                 │
+                   │                 └──not resumable / attempts spent / poison / bad input
+                   │                    / agent error──────────────────────> dead_lettered
+                   └──bad payload (never claimed: no conversation to queue in)──> dead_lettered
+
+A turn runs only while it is the head of its conversation's queue and holds the conversation
+lease; every write a running turn makes is checked against its lease token, so a worker that
+stalled past its lease cannot write over the worker that took the turn over. Ending a turn
+(succeeded or dead_lettered) takes it off the queue and marks the next head as woken.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from importlib import resources
+from typing import Any
+
+import orjson
+from redis.commands.core import Script
+from redis.exceptions import RedisError
+
+from agent import AgentRunCheckpoint
+from tasks.core.errors import BadPayload, InvalidTurnRequest, UnreadableRecord
+from tasks.core.keys import Keys, ShardKeys
+from tasks.core.payload import deadline_ms
+from tasks.store.client import StateClient
+from tasks.store.conversations import in_namespace_of
+from tasks.store.progress import progress_checkpoint
+
+logger = logging.getLogger("agentjobs.records")
+
+# How long a first submission's turn-id marker stands: past it, the record it registered is
+# the evidence of who owns the id (claim_turn_id).
+TURN_ID_MARKER_TTL_S = 60
+
+
+class TurnState(StrEnum):
+    """A turn's state (docs/operations.md, "Turn states and status"). The last three are
+    terminal. `paused` and `cancelled` are reserved for the issues that build pauses and
+    cancelling: no script writes them yet."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"  # for a retry
+    PAUSED = "paused"  # for a person's decision
+    SUCCEEDED = "succeeded"
+    DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TurnState.SUCCEEDED, TurnState.DEAD_LETTERED, TurnState.CANCELLED)
+
+
+class Registered(StrEnum):
+    CREATED = "created"
+    EXISTS = "exists"  # the same turn id with the same request: an idempotent resubmission
+    CONFLICT = "conflict"  # the same turn id with another request: refused
+    FOREIGN = "foreign"  # the turn id names a turn of another conversation: refused
+
+
+class ClaimStatus(StrEnum):
+    CLAIMED = "claimed"
+    MISSING = "missing"  # no record (never registered, or expired)
+    DONE = "done"  # the turn already ended
+    PAUSED = "paused"  # waiting for a person's decision
+    NOT_DUE = "not_due"  # waiting out its backoff
+    NOT_HEAD = "not_head"  # an earlier turn of the conversation is unfinished
+    BUSY = "busy"  # another delivery holds the conversation lease
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _int(fields: dict[str, str], name: str, default: int = 0) -> int:
+    raw = fields.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        # An older version stored some times as float text ('1.7e+12'): read them as ms.
+        number = float(raw)
+        if not math.isfinite(number):
+            raise
+        return int(number)
+
+
+def _json(fields: dict[str, str], name: str) -> Any:
+    raw = fields.get(name)
+    return orjson.loads(raw) if raw else None
+
+
+def _bytes(raw: Any, name: str) -> bytes:
+    """A field as Redis sent it (large JSON values are parsed from bytes, never decoded)."""
+    value = raw.get(name.encode(), raw.get(name, b""))
+    return value if isinstance(value, bytes) else value.encode()
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One turn as Redis holds it (the hash at ShardKeys.turn)."""
+
+    turn_id: str
+    state: TurnState
+    agent: str
+    conversation_id: str
+    namespace: str
+    payload: Any  # the run_turn keyword arguments as submitted
+    attempt: int  # 1 for the first; a retry starts the next
+    deliveries: int  # starts of the current attempt (crash redeliveries count)
+    redeliveries: int  # starts beyond the first, over all attempts
+    iteration: int  # the turn's iteration in flight or last persisted, across attempts
+    created_at_ms: int
+    updated_at_ms: int
+    started_at_ms: int = 0
+    finished_at_ms: int = 0
+    due_at_ms: int = 0
+    first_failed_at_ms: int = 0
+    worker: str = ""
+    token: str = ""
+    # The last persisted progress (tasks/store/progress.py): a whole checkpoint (JSON) and/or
+    # frames on top of it or of the stored conversation, until the turn succeeds. Read it
+    # with TurnRecords.progress.
+    checkpoint: bytes = b""
+    frames: tuple[bytes, ...] = ()
+    base: bytes = b""  # the stored conversation the frames build on, kept once the turn ended
+    journal: dict[str, bytes] = field(default_factory=dict)  # tasks/store/journal.py
+    last_error: str = ""  # redacted
+    result: Any = None  # the reply dict of a succeeded turn
+    dlq_id: str = ""
+    reason: str = ""
+    replay_of: str = ""
+    replayed_as: str = ""  # the turn id a dead-letter replay of this turn got
+    deadline_at_ms: int = 0
+    cancel_reason: str = ""
+    handovers: int = 0  # times a worker that was shutting down handed it to another
+    paused_at_ms: int = 0  # while paused
+    pause_expires_at_ms: int = 0
+    # A person's decisions by request id (the body tasks/operate/people.py wrote) and who made them.
+    decisions: dict[str, bytes] = field(default_factory=dict)
+    deciders: dict[str, str] = field(default_factory=dict)
+    # W3C trace context (JSON carrier) its attempts' spans join (tasks/telemetry/tracing.py), or "".
+    trace: str = ""
+    # When a queued turn became the head of its conversation (runnable); 0 while behind one.
+    runnable_at_ms: int = 0
+
+    @classmethod
+    def from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
+        """The record a Redis hash holds, or UnreadableRecord naming what is wrong with it."""
+        try:
+            return cls._from_redis(turn_id, raw)
+        except UnreadableRecord:
+            raise
+        except (KeyError, ValueError, TypeError, AttributeError, orjson.JSONDecodeError) as exc:
+            problem = f"field {exc.args[0]!r} missing" if isinstance(exc, KeyError) else str(exc)
+            raise UnreadableRecord(turn_id, problem[:200]) from None
+
+    @classmethod
+    def _from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
+        fields = {_text(k): _text(v) for k, v in raw.items() if not _is_large(k)}
+        frames = tuple(_bytes(raw, f"frame:{n}") for n in range(1, _int(fields, "frames") + 1))
+        journal = {
+            name: _bytes(raw, name)
+            for name in (_text(k) for k in raw)
+            if name.startswith("journal:")
+        }
+        return cls(
+            turn_id=turn_id,
+            state=TurnState(fields["state"]),
+            agent=fields.get("agent", ""),
+            conversation_id=fields.get("conversation_id", ""),
+            namespace=fields.get("namespace", ""),
+            payload=_json(fields, "payload"),
+            attempt=_int(fields, "attempt", 1),
+            deliveries=_int(fields, "deliveries"),
+            redeliveries=_int(fields, "redeliveries"),
+            iteration=_int(fields, "iteration"),
+            created_at_ms=_int(fields, "created_at_ms"),
+            updated_at_ms=_int(fields, "updated_at_ms"),
+            started_at_ms=_int(fields, "started_at_ms"),
+            finished_at_ms=_int(fields, "finished_at_ms"),
+            due_at_ms=_int(fields, "due_at_ms"),
+            first_failed_at_ms=_int(fields, "first_failed_at_ms"),
+            worker=fields.get("worker", ""),
+            token=fields.get("token", ""),
+            checkpoint=_bytes(raw, "checkpoint"),
+            frames=frames,
+            base=_bytes(raw, "base"),
+            journal=journal,
+            last_error=fields.get("last_error", ""),
+            result=_json(fields, "result"),
+            dlq_id=fields.get("dlq_id", ""),
+            reason=fields.get("reason", ""),
+            replay_of=fields.get("replay_of", ""),
+            replayed_as=fields.get("replayed_as", ""),
+            deadline_at_ms=_int(fields, "deadline_at_ms"),
+            cancel_reason=fields.get("cancel_reason", ""),
+            handovers=_int(fields, "handovers"),
+            paused_at_ms=_int(fields, "paused_at_ms"),
+            pause_expires_at_ms=_int(fields, "pause_expires_at_ms"),
+            decisions={
+                name.removeprefix("decision:"): _bytes(raw, name)
+                for name in (_text(k) for k in raw)
+                if name.startswith("decision:")
+            },
+            deciders={
+                name.removeprefix("decided_by:"): value
+                for name, value in fields.items()
+                if name.startswith("decided_by:")
+            },
+            trace=fields.get("trace", ""),
+            runnable_at_ms=_int(fields, "runnable_at_ms"),
+        )
+
+    def as_dict(self, progress: AgentRunCheckpoint | None = None) -> dict[str, Any]:
+        """The record for people and JSON output (camelCase keys, no lease token), with its
+        progress when given (TurnRecords.progress)."""
+        return {
+            "turnId": self.turn_id,
+            "state": str(self.state),
+            "agent": self.agent,
+            "conversationId": self.conversation_id,
+            "namespace": self.namespace,
+            "attempt": self.attempt,
+            "deliveries": self.deliveries,
+            "redeliveries": self.redeliveries,
+            "handovers": self.handovers,
+            "iteration": self.iteration,
+            "createdAtMs": self.created_at_ms,
+            "updatedAtMs": self.updated_at_ms,
+            "startedAtMs": self.started_at_ms or None,
+            "finishedAtMs": self.finished_at_ms or None,
+            "dueAtMs": self.due_at_ms or None,
+            "firstFailedAtMs": self.first_failed_at_ms or None,
+            "worker": self.worker or None,
+            "lastError": self.last_error or None,
+            "deadLetterId": self.dlq_id or None,
+            "reason": self.reason or None,
+            "replayOf": self.replay_of or None,
+            "replayedAs": self.replayed_as or None,
+            "deadlineAtMs": self.deadline_at_ms or None,
+            "cancelReason": self.cancel_reason or None,
+            "payload": self.payload,
+            "result": self.result,
+            "checkpoint": progress.wire() if progress is not None else None,
+        }
+
+
+def _is_large(name: bytes | str) -> bool:
+    """Fields kept as bytes, not decoded with the small ones."""
+    text = _text(name)
+    return text in ("checkpoint", "base") or text.startswith(("frame:", "journal:", "decision:"))
+
+
+@dataclass(frozen=True)
+class Claim:
+    status: ClaimStatus
+    record: TurnRecord | None = None
+    # The stored conversation envelope, when the turn starts from it (no checkpoint of its own).
+    stored: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What ending a turn did: whether this call ended it, and the conversation's next head."""
+
+    ended: bool
+    next_head: str | None = None
+    next_head_agent: str = ""
+
+
+@dataclass(frozen=True)
+class Due:
+    turn_id: str
+    namespace: str
+    agent: str = ""
+    conversation_id: str = ""
+
+
+@functools.cache
+def _source(name: str) -> str:
+    lua = resources.files("tasks.store") / "lua"
+    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+class TurnRecords:
+    """The turn records and the conversation queues and leases that go with them."""
+
+    def __init__(self, client: StateClient, keys: Keys) -> None:
+        self._redis = client
+        self._keys = keys
+        self._scripts: dict[str, Script] = {}
+        self.unreadable_seen: set[str] = set()  # logged once per process
+
+    @property
+    def keys(self) -> Keys:
+        return self._keys
+
+    def script(self, name: str) -> Script:
+        """tasks/store/lua/<name>.lua with common.lua in front, registered once per client."""
+        found = self._scripts.get(name)
+        if found is None:
+            found = self._scripts[name] = self._redis.register_script(_source(name))
+        return found
+
+    def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return self.script(name)(keys=keys, args=args)
+
+    def get(self, turn_id: str, namespace: str | None = None) -> TurnRecord | None:
+        """The turn's record; without its namespace every shard is asked (one round trip).
+        Raises UnreadableRecord for a record that cannot be read (sweeps use `readable`)."""
+        if namespace is not None:
+            raw: Any = self._redis.hgetall(self._keys.for_namespace(namespace).turn(turn_id))
+            return TurnRecord.from_redis(turn_id, raw) if raw else None
+        with self._redis.pipeline(transaction=False) as pipe:
+            for shard in self._keys.all_shards():
+                pipe.hgetall(shard.turn(turn_id))
+            found = [raw for raw in pipe.execute() if raw]
+        if not found:
+            return None
+        # A turn id belongs to one namespace (claim_turn_id): more than one record means two
+        # conversations of one shard hold the key, which register.lua refuses; read the first.
+        return TurnRecord.from_redis(turn_id, found[0])
+
+    def find(self, turn_id: str, identity: Mapping[str, Any] | None = None) -> TurnRecord | None:
+        """The record a by-id call acts on: with `identity` (the mapping run_turn takes), a
+        turn of another tenant, principal or conversation is exactly as unknown as a turn that
+        never was, so the call tells its caller nothing about it."""
+        record = self.get(turn_id)
+        if record is None or identity is None:
+            return record
+        try:
+            mine = in_namespace_of(record.namespace, identity)
+        except BadPayload as exc:
+            raise InvalidTurnRequest(exc.field, exc.problem) from None
+        return record if mine else None
+
+    def readable(self, turn_id: str, namespace: str | None = None) -> TurnRecord | None:
+        """`get` for a sweep (the pump, heartbeats, listings): an unreadable record is noted
+        once (note_unreadable) and read as missing, so one damaged record stops nobody."""
+        try:
+            return self.get(turn_id, namespace)
+        except UnreadableRecord as exc:
+            self.note_unreadable(exc)
+            return None
+
+    def sweep(self, items: Iterable[Due], action: Callable[[Due], int]) -> int:
+        """Apply `action` to each due entry of a sweep (the pump), adding up what it returns.
+        One whose record cannot be read, or whose handling fails for a reason of its own, is
+        logged once and skipped (it stays in its index, pushed back in time): no record stops
+        a sweep for everyone else. A store that is away stops the sweep (RedisError)."""
+        done = 0
+        for due in items:
+            try:
+                done += action(due)
+            except RedisError:
+                raise
+            except UnreadableRecord as exc:
+                self.note_unreadable(exc)
+            except Exception as exc:
+                if due.turn_id not in self.unreadable_seen:
+                    logger.exception("turn %s could not be handled; skipping it", due.turn_id)
+                problem = f"it could not be handled: {type(exc).__name__}"
+                self.note_unreadable(UnreadableRecord(due.turn_id, problem))
+        return done
+
+    def note_unreadable(self, exc: UnreadableRecord) -> None:
+        """Log an unreadable record once per process and add it to the set `agentjobs stats`
+        counts (best effort: a store that refuses the write still lets the sweep go on)."""
+        if exc.turn_id in self.unreadable_seen:
+            return
+        self.unreadable_seen.add(exc.turn_id)
+        logger.error("%s", exc)
+        try:
+            self._redis.sadd(self._keys.unreadable_records, exc.turn_id)
+        except Exception as write_error:  # noted in the log above; counting is a nicety
+            logger.debug("could not count unreadable record %s: %s", exc.turn_id, write_error)
+
+    def owner_of(self, turn_id: str) -> set[str]:
+        """The namespaces holding a record of `turn_id`, over every shard (one round trip)."""
+        with self._redis.pipeline(transaction=False) as pipe:
+            self._ask_namespaces(pipe, turn_id)
+            return {_text(found) for found in pipe.execute() if found is not None}
+
+    def _ask_namespaces(self, pipe: Any, turn_id: str) -> None:
+        """Queue on `pipe` a read of each shard's record of `turn_id` for its namespace."""
+        for shard in self._keys.all_shards():
+            pipe.hget(shard.turn(turn_id), "namespace")
+
+    def claim_turn_id(self, turn_id: str, namespace: str) -> bool:
+        """Whether `turn_id` may name a turn of `namespace`: no other conversation holds a
+        record, result or dead letter of it (a dead-lettered record lives as long as its entry,
+        a finished one as long as its Celery result). The short-lived marker makes two
+        concurrent first submissions of one id for two conversations agree on one of them;
+        after it expires the record is the evidence. One round trip."""
+        marker = self._keys.turn_id_owner(turn_id)
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.set(marker, namespace, nx=True, ex=TURN_ID_MARKER_TTL_S)
+            pipe.get(marker)
+            self._ask_namespaces(pipe, turn_id)
+            replies = pipe.execute()
+        marked = replies[1]
+        if marked is not None and _text(marked) != namespace:
+            return False
+        return all(_text(found) == namespace for found in replies[2:] if found is not None)
+
+    def register(
+        self,
+        turn_id: str,
+        *,
+        payload: bytes,
+        agent: str,
+        conversation_id: str,
+        namespace: str,
+        checkpoint: bytes = b"",
+        replay_of: str = "",
+        deadline_s: float = 0,
+        trace: str = "",
+    ) -> Registered:
+        """Record a submitted turn and queue it behind its conversation's earlier turns, with
+        the trace context its attempts join (`trace`, tasks/telemetry/tracing.py). A turn id already
+        recorded is left as it is."""
+        k = self._keys.for_namespace(namespace)
+        args: list[Any] = [turn_id, payload, agent, conversation_id, namespace, checkpoint]
+        args += [replay_of, deadline_ms(deadline_s) if deadline_s else 0, trace]
+        keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id), k.deadlines]
+        created = int(self._run("register", keys, args))
+        return {1: Registered.CREATED, 0: Registered.EXISTS}.get(created, Registered.CONFLICT)
+
+    def unregister(self, turn_id: str, namespace: str) -> None:
+        """Undo register for a turn whose message could not be published."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id), k.deadlines]
+        self._run("unregister", keys, [turn_id])
+
+    def claim(
+        self, turn_id: str, namespace: str, token: str, lease_ttl_s: float, worker: str
+    ) -> Claim:
+        """Take the turn if it may run now. One round trip, which also returns its record and,
+        for a turn starting from the stored conversation, that conversation."""
+        k = self._keys.for_namespace(namespace)
+        reply = self._run(
+            "claim",
+            [
+                k.turn(turn_id),
+                k.queue(namespace),
+                k.lease(namespace),
+                k.retries,
+                k.running,
+                k.pending,
+                k.conversation(namespace),
+                k.events(turn_id),
+            ],
+            [turn_id, token, int(lease_ttl_s * 1000), worker],
+        )
+        status = ClaimStatus(_text(reply[0]))
+        if status is not ClaimStatus.CLAIMED:
+            return Claim(status)
+        flat = reply[2]
+        raw = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+        stored = reply[3] if isinstance(reply[3], bytes) else None
+        return Claim(status, TurnRecord.from_redis(turn_id, raw), stored)
+
+    def renew(
+        self,
+        turn_id: str,
+        namespace: str,
+        token: str,
+        lease_ttl_s: float,
+        frame: bytes | None = None,
+        iteration: int = 0,
+        *,
+        ends_iteration: bool = True,
+    ) -> bool:
+        """Extend the lease; with a progress frame (tasks/store/progress.py), also persist it, and
+        when it `ends_iteration`, drop that iteration's journal. False when the lease is no
+        longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        args: list[Any] = [turn_id, token, int(lease_ttl_s * 1000)]
+        if frame is not None:
+            args += [frame, iteration, int(ends_iteration)]
+        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.events(turn_id)]
+        return bool(self._run("progress", keys, args))
+
+    def hand_over(
+        self, turn_id: str, namespace: str, token: str, *, worker: str, reason: str
+    ) -> Due | None:
+        """Release a running turn's lease for another worker to claim at once, queued again with
+        its last persisted checkpoint; returns what to wake, or None when the lease was no
+        longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.pending, k.events(turn_id)]
+        reply = self._run("handover", keys, [turn_id, token, worker, reason])
+        if _text(reply[0]) != "ok":
+            return None
+        return Due(turn_id, namespace, _text(reply[1]), _text(reply[2]))
+
+    def pause(
+        self,
+        turn_id: str,
+        namespace: str,
+        token: str,
+        *,
+        ttl_s: float,
+        frame: bytes,
+        requests: bytes,
+        kinds: list[tuple[str, str]],
+        journal: dict[str, bytes],
+    ) -> int:
+        """Pause a running turn for a person (tasks/store/lua/pause.lua): its progress `frame`, its
+        `requests` (JSON) with each (request id, kind), and journal fields not yet written.
+        Returns the pause's expiry (server epoch ms), or 0 when the lease was not this turn's."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.events(turn_id)]
+        keys += [k.deadlines, k.pauses]
+        args: list[Any] = [turn_id, token, int(ttl_s * 1000), frame, requests, len(kinds)]
+        args += [item for pair in kinds for item in pair]
+        args += [item for pair in journal.items() for item in pair]
+        return int(self._run("pause", keys, args))
+
+    def decide(
+        self,
+        turn_id: str,
+        namespace: str,
+        request_id: str,
+        *,
+        decision: str,
+        body: bytes,
+        actor: str,
+        event: bytes,
+    ) -> list[str]:
+        """Record a decision on a paused turn's request (tasks/store/lua/decide.lua); the script's
+        reply as text ('recorded', 'resumed' with agent and conversation id, or a refusal)."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.events(turn_id), k.deadlines, k.pauses, k.pending]
+        reply = self._run("decide", keys, [turn_id, request_id, decision, body, actor, event])
+        return [_text(item) for item in reply]
+
+    def keep_trace(self, turn_id: str, namespace: str, token: str, trace: str) -> str | None:
+        """Record `trace` as the context the turn's attempts join, unless one is recorded;
+        returns the one recorded, or None when the lease is no longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        kept = self._run("trace", [k.turn(turn_id), k.lease(namespace)], [turn_id, token, trace])
+        return _text(kept) if kept else None
+
+    def write_journal(
+        self,
+        turn_id: str,
+        namespace: str,
+        token: str,
+        fields: dict[str, bytes],
+        *,
+        event_type: str = "",
+        event_data: bytes = b"{}",
+    ) -> bool:
+        """Write journal fields of the iteration in flight (tasks/store/journal.py), with an event
+        in the same step when given; False when the lease is no longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.lease(namespace), k.events(turn_id)]
+        flat = [item for pair in fields.items() for item in pair]
+        return bool(self._run("journal", keys, [turn_id, token, event_type, event_data, *flat]))
+
+    def progress(self, record: TurnRecord) -> AgentRunCheckpoint | None:
+        """The turn's last persisted progress as a checkpoint (tasks/store/progress.py), reading the
+        stored conversation when its frames build on it; None when it has none of its own."""
+        stored = record.base or None
+        if record.frames and not record.checkpoint and stored is None and record.namespace:
+            found = self._redis.get(self._keys.conversation(record.namespace))
+            stored = found if isinstance(found, bytes) else None
+        return progress_checkpoint(record.checkpoint, record.frames, stored)
+
+    def _ending_keys(self, k: ShardKeys, turn_id: str, namespace: str) -> list[str]:
+        # The keys common.lua's end_turn reads as `k`, in its order.
+        return [
+            k.turn(turn_id),
+            k.lease(namespace),
+            k.running,
+            k.queue(namespace),
+            k.retries,
+            k.pending,
+            k.finished,
+            k.events(turn_id),
+            k.deadlines,
+            k.conversation(namespace),
+            k.pauses,
+        ]
+
+    def succeed(
+        self,
+        turn_id: str,
+        namespace: str,
+        token: str,
+        *,
+        envelope: bytes,
+        result: bytes,
+        ttl_s: int,
+    ) -> Ended:
+        """Store the conversation and end the turn, atomically."""
+        k = self._keys.for_namespace(namespace)
+        keys = self._ending_keys(k, turn_id, namespace)
+        args = [turn_id, token, envelope, result, ttl_s, k.turn_prefix]
+        return _ended(self._run("succeed", keys, args))
+
+    def schedule_retry(
+        self,
+        turn_id: str,
+        namespace: str,
+        token: str,
+        *,
+        delay_ms: int,
+        next_attempt: int,
+        checkpoint: bytes,
+        error: str,
+    ) -> int:
+        """Park the turn until `delay_ms` from now by the server's clock; returns the due time
+        (epoch ms), or 0 when the lease was no longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.retries, k.events(turn_id)]
+        args = [turn_id, token, delay_ms, next_attempt, checkpoint, error]
+        return int(self._run("retry", keys, args))
+
+    def dead_letter(
+        self,
+        turn_id: str,
+        namespace: str,
+        token: str,
+        *,
+        entry_id: str,
+        entry: bytes,
+        reason: str,
+        checkpoint: bytes = b"",
+    ) -> Ended:
+        """File the entry summary and end the turn, atomically (token '' for a turn that was
+        never claimed). `checkpoint` replaces the record's when given."""
+        k = self._keys.for_namespace(namespace)
+        keys = [*self._ending_keys(k, turn_id, namespace), k.dead_letters, k.dead_letter_index]
+        args = [turn_id, token, entry_id, entry, reason, checkpoint, k.turn_prefix]
+        return _ended(self._run("dead_letter", keys, args))
+
+    def cancel(self, turn_id: str, namespace: str, *, reason: str, ttl_s: int) -> Ended:
+        """End an unfinished turn as cancelled, whatever its state and whoever runs it."""
+        k = self._keys.for_namespace(namespace)
+        args = [turn_id, reason, ttl_s, k.turn_prefix]
+        return _ended(self._run("cancel", self._ending_keys(k, turn_id, namespace), args))
+
+    def take_due(
+        self, shard: ShardKeys, index_key: str, *, limit: int, bump_ms: int, lag_ms: int = 0
+    ) -> list[Due]:
+        """Members of one of `shard`'s time indices due by the server's clock minus `lag_ms`,
+        each pushed `bump_ms` later so another pump does not take it again meanwhile."""
+        flat = self._run("take_due", [index_key], [limit, bump_ms, lag_ms, shard.turn_prefix])
+        return [Due(*(_text(v) for v in flat[i : i + 4])) for i in range(0, len(flat), 4)]
+
+    def conversation_head(self, namespace: str) -> str | None:
+        head = self._redis.lindex(self._keys.for_namespace(namespace).queue(namespace), 0)
+        return _text(head) if isinstance(head, bytes | str) else None
+
+    def turn_ahead(self, turn_id: str, namespace: str) -> str | None:
+        """The turn just before `turn_id` in its conversation's queue, or None at the head."""
+        queue = self._keys.for_namespace(namespace).queue(namespace)
+        position: Any = self._redis.lpos(queue, turn_id)
+        if not position:
+            return None
+        ahead = self._redis.lindex(queue, int(position) - 1)
+        return _text(ahead) if isinstance(ahead, bytes | str) else None
+
+    def lease_holder(self, namespace: str) -> str | None:
+        """The turn id holding the conversation's lease, or None."""
+        k = self._keys.for_namespace(namespace)
+        holder = self.script("lease_holder")(keys=[k.lease(namespace)], args=[])
+        return _text(holder) if holder else None
+
+    def server_time_ms(self) -> int:
+        seconds, micros = self._redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _ended(reply: list[Any]) -> Ended:
+    if _text(reply[0]) != "ok":
+        return Ended(False)
+    head = reply[1] if len(reply) > 1 else None
+    if not isinstance(head, list):
+        return Ended(True)
+    return Ended(True, _text(head[0]), _text(head[1]))

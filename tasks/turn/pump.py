@@ -1,0 +1,281 @@
+"""The pump: the one process that turns time into messages (Procfile `pump`).
+
+Each tick, shard by shard, it wakes (publishes resume_turn for):
+- retries whose backoff is over (they wait in Redis, not in a worker's memory, so a killed
+  worker loses none);
+- running turns whose lease ran out (their worker died: the turn resumes from its last
+  persisted iteration);
+- queued turns at the head of their conversation that nobody started for stall_after_s (their
+  message was never published, or went down with a broker);
+and, once per tick, the prefetched turns of workers whose heartbeat stopped (tasks/turn/worker.py).
+It dead-letters turns past their deadline and paused turns past their pause TTL.
+It also writes the Celery result of ended turns whose worker could not.
+Several pumps may run: each due entry is taken atomically and pushed back in time before it is
+published, so it is woken once per interval at most. Every time is the Redis server's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from dataclasses import astuple, dataclass
+from typing import Any
+
+import orjson
+import redis
+from kombu.exceptions import ChannelError
+
+from tasks.core.keys import ShardKeys
+from tasks.core.redact import RedactingFilter
+from tasks.operate.control import end_overdue_turns
+from tasks.operate.people import end_expired_pauses
+from tasks.queue.app import app
+from tasks.queue.context import JobContext, job_context
+from tasks.queue.results import has_final_result, write_final_result
+from tasks.store.records import Due, TurnState
+from tasks.turn.tasks import wake
+
+logger = logging.getLogger("agentjobs.pump")
+BATCH = 500
+
+
+@dataclass(frozen=True)
+class Tick:
+    retries: int = 0
+    expired: int = 0
+    stalled: int = 0
+    orphaned: int = 0
+    results: int = 0
+    overdue: int = 0
+    expired_pauses: int = 0
+
+    def __add__(self, other: Tick) -> Tick:
+        return Tick(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def __bool__(self) -> bool:
+        return any(astuple(self))
+
+
+def confirm_results(ctx: JobContext, shard: ShardKeys) -> int:
+    """Write the Celery result of ended turns that lack one; returns how many were written.
+
+    A worker stores a turn's result moments after the turn ends. Past result_grace_s the pump
+    checks that it is there, and writes it from the turn record if the worker could not (Redis
+    was restarting, or the worker was killed between the two writes), so result.get() returns.
+    Any Celery result backend: it only asks the backend for the task's state.
+    """
+    grace_ms = int(ctx.settings.result_grace_s * 1000)
+
+    def confirm(due: Due) -> int:
+        written = 0
+        if not has_final_result(due.turn_id):
+            written = int(write_final_result(ctx, due.turn_id, due.namespace))
+        ctx.redis.zrem(shard.finished, due.turn_id)
+        return written
+
+    ended = ctx.records.take_due(
+        shard, shard.finished, limit=BATCH, bump_ms=grace_ms, lag_ms=grace_ms
+    )
+    return ctx.records.sweep(ended, confirm)
+
+
+class BrokerBacklog:
+    """Whether the turn and retry queues hold messages no worker has taken yet.
+
+    A queued turn that nobody started for stall_after_s is woken again on the guess that its
+    message was lost. While the broker still holds messages the guess is wrong (the workers
+    are behind, not short of a message), and waking every stalled turn would pile duplicates
+    onto the very backlog that delayed them, so the pump leaves them be until it drains.
+    """
+
+    def __init__(self, queues: tuple[str, ...]) -> None:
+        self._queues = queues
+        self._connection: Any = None
+        self._waiting: bool | None = None
+
+    def new_tick(self) -> None:
+        self._waiting = None
+
+    def messages_waiting(self) -> bool:
+        """Asked at most once per tick."""
+        if self._waiting is None:
+            self._waiting = self._ask()
+        return self._waiting
+
+    def _ask(self) -> bool:
+        try:
+            if self._connection is None:
+                self._connection = app.connection_for_read()
+            channel = self._connection.default_channel
+            return any(self._depth(channel, queue) for queue in self._queues)
+        except Exception as exc:  # unknown: wake (a duplicate is cheaper than a lost turn)
+            logger.debug("broker depth unknown (%s)", exc)
+            self.close()
+            return False
+
+    @staticmethod
+    def _depth(channel: Any, queue: str) -> int:
+        try:
+            return int(channel.queue_declare(queue=queue, passive=True).message_count)
+        except ChannelError:  # not declared yet: nothing in it
+            return 0
+
+    def close(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                self._connection.release()
+        self._connection = None
+
+
+def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tick:
+    records, settings = ctx.records, ctx.settings
+    lease_ms = int(settings.lease_ttl_s * 1000)
+    stall_ms = int(settings.stall_after_s * 1000)
+
+    def wake_due(turn: Due) -> int:
+        wake(turn.turn_id, turn.namespace or None, turn.agent, turn.conversation_id)
+        return 1
+
+    def wake_expired(turn: Due) -> int:
+        record = records.get(turn.turn_id, turn.namespace)
+        if record is None or record.state is not TurnState.RUNNING:
+            ctx.redis.zrem(shard.running, turn.turn_id)
+            return 0
+        if records.lease_holder(record.namespace) == turn.turn_id:
+            return 0  # its renewal is late but the lease still stands
+        logger.warning("turn %s lost its worker; waking it to resume", turn.turn_id)
+        wake(turn.turn_id, record.namespace, record.agent, record.conversation_id)
+        return 1
+
+    def wake_stalled(turn: Due) -> int:
+        record = records.get(turn.turn_id, turn.namespace)
+        if record is None or record.state is not TurnState.QUEUED:
+            ctx.redis.zrem(shard.pending, turn.turn_id)
+            return 0
+        at_head = records.conversation_head(record.namespace) == turn.turn_id
+        if (not record.namespace or at_head) and records.lease_holder(record.namespace) is None:
+            wake(turn.turn_id, record.namespace or None, record.agent, record.conversation_id)
+            return 1
+        return 0
+
+    retries = records.sweep(
+        records.take_due(shard, shard.retries, limit=BATCH, bump_ms=stall_ms), wake_due
+    )
+    expired = records.sweep(
+        records.take_due(shard, shard.running, limit=BATCH, bump_ms=lease_ms), wake_expired
+    )
+    stalled = 0
+    candidates = records.take_due(
+        shard, shard.pending, limit=BATCH, bump_ms=stall_ms, lag_ms=stall_ms
+    )
+    # While the broker holds messages, stalled turns are left be (BrokerBacklog); the taken
+    # ones were pushed back a stall interval and are looked at again then.
+    if candidates and not backlog.messages_waiting():
+        stalled = records.sweep(candidates, wake_stalled)
+    return Tick(retries=retries, expired=expired, stalled=stalled)
+
+
+def wake_orphans(ctx: JobContext) -> int:
+    """Wake the prefetched turns of workers whose heartbeat stopped a lease lifetime ago."""
+    now_ms = ctx.records.server_time_ms()
+    silent_ms = int(ctx.settings.lease_ttl_s * 1000)
+    woken = 0
+    workers: dict[bytes, bytes] = ctx.redis.hgetall(ctx.keys.workers)  # type: ignore[assignment]
+    for name, raw in workers.items():
+        try:
+            beat = orjson.loads(raw)
+            at_ms, turns = (
+                int(beat["at"]),
+                [(str(t), str(n or "")) for t, n in beat.get("received") or []],
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            logger.warning("worker %r left an unreadable heartbeat; removing it", name)
+            ctx.redis.hdel(ctx.keys.workers, name)
+            continue
+        if at_ms > now_ms - silent_ms:
+            continue
+        if turns:
+            logger.warning("worker %s stopped; waking %d turns it held", name.decode(), len(turns))
+        for turn_id, namespace in turns:
+            wake(turn_id, namespace or None)
+            woken += 1
+        ctx.redis.hdel(ctx.keys.workers, name)
+    return woken
+
+
+def pump_once(ctx: JobContext, backlog: BrokerBacklog | None = None) -> Tick:
+    backlog = backlog or BrokerBacklog((ctx.settings.turn_queue, ctx.settings.retry_queue))
+    backlog.new_tick()
+    tick = Tick(orphaned=wake_orphans(ctx))
+    for shard in ctx.keys.all_shards():
+        tick += Tick(overdue=end_overdue_turns(ctx, shard, limit=BATCH))
+        tick += Tick(expired_pauses=end_expired_pauses(ctx, shard, limit=BATCH))
+        tick += pump_shard(ctx, shard, backlog)
+        tick += Tick(results=confirm_results(ctx, shard))
+    return tick
+
+
+def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = None) -> None:
+    ctx = ctx or job_context()
+    stop = stop or threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signum, lambda *_: stop.set())
+    logger.info("pump started (every %.2f s)", ctx.settings.pump_interval_s)
+    backlog = BrokerBacklog((ctx.settings.turn_queue, ctx.settings.retry_queue))
+    down_since: float | None = None
+    failures: set[str] = set()  # each distinct failure is logged once
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            tick = pump_once(ctx, backlog)
+            ctx.epoch.check("pump")  # tasks/store/client.py: a store that lost its data
+            ctx.redis.set(
+                ctx.keys.pump_heartbeat, ctx.records.server_time_ms(), ex=ctx.settings.record_ttl_s
+            )
+        except redis.RedisError as exc:
+            if down_since is None:  # one line per outage, not one per tick
+                logger.warning("pump: Redis unavailable (%s); retrying until it answers", exc)
+                down_since = started
+            stop.wait(min(5.0, max(1.0, time.monotonic() - down_since)))
+            continue
+        except Exception as exc:
+            # A defect, not an outage: the pump is every tenant's clock, so it logs and goes
+            # on rather than stop retries, takeovers and deadlines for everyone.
+            if str(exc) not in failures:
+                failures.add(str(exc))
+                logger.exception("pump: a tick failed; going on with the next one")
+            stop.wait(ctx.settings.pump_interval_s)
+            continue
+        if down_since is not None:
+            logger.info("pump: Redis answers again after %.0f s", started - down_since)
+            down_since = None
+        if tick:
+            logger.info(
+                "woke %d due retries, %d turns of dead workers, %d stalled turns, %d turns "
+                "prefetched by stopped workers, %d past their deadline; wrote %d missing "
+                "results",
+                tick.retries,
+                tick.expired,
+                tick.stalled,
+                tick.orphaned,
+                tick.overdue,
+                tick.results,
+            )
+        stop.wait(max(0.0, ctx.settings.pump_interval_s - (time.monotonic() - started)))
+    backlog.close()
+    logger.info("pump stopped")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
+    run_pump()
+
+
+if __name__ == "__main__":
+    main()
