@@ -25,6 +25,18 @@ from agent.errors import (
     classify_failure_phase,
 )
 from agent.folding import Compaction, fnv1a, folded_messages, folded_span_for, is_compacted_summary
+from agent.hooks import (
+    HookPoint,
+    ModelCallPhase,
+    ModelCallReport,
+    ProgressKind,
+    ProgressReport,
+    RunHooks,
+    RunStopped,
+    Stop,
+    ToolCallPhase,
+    ToolCallReport,
+)
 from agent.identity import encode_namespace
 from agent.journal import (
     OUTCOME_UNKNOWN,
@@ -41,17 +53,7 @@ from agent.pauses import REJECTED, Decision, RunPause, ask_user
 from agent.providers.anthropic import AnthropicProvider
 from agent.providers.openai import OpenAIChatProvider
 from agent.providers.scripted import ScriptedProvider, ScriptExhaustedError
-from agent.runtime import (
-    Agent,
-    AgentInput,
-    AgentResult,
-    ModelCallPhase,
-    ModelCallReport,
-    ProgressKind,
-    ProgressReport,
-    ToolCallPhase,
-    ToolCallReport,
-)
+from agent.runtime import Agent, AgentInput, AgentResult
 from agent.skills import SkillGraph
 from agent.tools import Tool, ToolContext, tool
 
@@ -69,6 +71,7 @@ __all__ = [
     "ConversationMismatchError",
     "Decision",
     "Deny",
+    "HookPoint",
     "InputContext",
     "InvalidRunInputError",
     "IterationJournal",
@@ -92,13 +95,16 @@ __all__ = [
     "RequestKind",
     "ResponseReport",
     "RunCheckpointError",
+    "RunHooks",
     "RunInFlightError",
     "RunPause",
     "RunPausedError",
+    "RunStopped",
     "RunTime",
     "ScriptExhaustedError",
     "ScriptedProvider",
     "SkillGraph",
+    "Stop",
     "TimeLayer",
     "Tool",
     "ToolAbort",

@@ -9,6 +9,8 @@
     ├── ConversationMismatchError   a named agent continuing another named agent's conversation
     ├── MessageDeniedError          the input middleware chain denied the message
     ├── RunCheckpointError          a run failed; .checkpoint resumes it, .cause is the failure
+    ├── RunStopped                  a RunHooks check point stopped the run (.reason, .point,
+    │                               .checkpoint, .phase); defined in agent/hooks.py
     ├── ToolAbort                   a tool's way to fail the run instead of telling the model
     └── ProviderError               a model call failed (.status, .retry_after_s)
         ├── ProviderHTTPError       the provider answered with an error status

@@ -12,7 +12,7 @@ model reading it learns which endpoint failed, which helps it decide what to do 
 tool's URLs are the tool's own. The job system's stored errors and log lines lose whole URLs
 (`redact_urls`): there a URL is most often one of our endpoints, which may be a private gateway.
 A provider's endpoint is one of the provider's secrets, so it goes from tool errors too (a
-provider with a `redact` method, agent/runtime.py).
+provider with a `redact` method, agent/loop.py).
 """
 
 from __future__ import annotations

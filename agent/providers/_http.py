@@ -120,7 +120,7 @@ class JSONEndpoint:
 
     def redact(self, text: str) -> str:
         """`text` without this endpoint's key and URLs (for text quoted from elsewhere, such
-        as a tool's error: agent/runtime.py)."""
+        as a tool's error: agent/loop.py)."""
         return self._redact(text)
 
     def __init__(

@@ -36,6 +36,8 @@ def agent_on(steps: list[Step]) -> tuple[Agent, ScriptedProvider]:
 
 
 def report(phase: ModelCallPhase, iteration: int, **fields: Any) -> ModelCallReport:
+    # Every run here makes one model call per iteration: the call's number is the iteration.
+    fields.setdefault("call_number", iteration)
     return ModelCallReport(phase, "m", iteration, provider="scripted", **fields)
 
 

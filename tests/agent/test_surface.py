@@ -27,6 +27,7 @@ PINNED_ALL = [
     "ConversationMismatchError",
     "Decision",
     "Deny",
+    "HookPoint",
     "InputContext",
     "InvalidRunInputError",
     "IterationJournal",
@@ -52,13 +53,16 @@ PINNED_ALL = [
     "RequestKind",
     "ResponseReport",
     "RunCheckpointError",
+    "RunHooks",
     "RunInFlightError",
     "RunPause",
     "RunPausedError",
+    "RunStopped",
     "RunTime",
     "ScriptExhaustedError",
     "ScriptedProvider",
     "SkillGraph",
+    "Stop",
     "TimeLayer",
     "Tool",
     "ToolAbort",
@@ -101,7 +105,7 @@ def test_every_name_in_all_exists() -> None:
 def test_the_api_import_block_is_read_whole() -> None:
     names = api_import_block()
     assert names[0] == "Agent" and names[-1] == "fnv1a"
-    assert len(names) == 33
+    assert len(names) == 37
 
 
 @pytest.mark.parametrize("name", api_import_block())
