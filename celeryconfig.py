@@ -8,7 +8,7 @@ import sys
 from kombu import Exchange, Queue
 
 from tasks.core.settings import SettingsError, load_settings
-from tasks.store.client import celery_sentinel
+from tasks.core.state_url import celery_sentinel
 
 # Agents by name: "name": "module:factory" (a factory takes no arguments and returns an
 # agent.Agent; the module imports from the worker's working directory, as `celery -A` does).

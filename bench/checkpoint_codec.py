@@ -3,7 +3,7 @@ codec, bare orjson, and the standard library's json, in one process.
 
     .venv/bin/python bench/checkpoint_codec.py [--quick] [--strict]
 
-Targets (issue 2): at 1,000 messages the validated round trip costs at most 50% more than bare
+Targets: at 1,000 messages the validated round trip costs at most 50% more than bare
 orjson, and it is at least 3x faster than stdlib json. --strict exits 1 when a target is missed.
 """
 

@@ -7,8 +7,8 @@
   2. throughput of run_turn, many conversations at once: (x) turns that answer without tools
      and (y) turns with one tool round (journal on), and what the round costs.
 
-Goals (issue 11): the per-round write flat from turn 10 to turn 300, the per-turn time within
-1.5x; the journal under 10% of a turn per tool round (reported, not asserted).
+Goals: the per-round write flat from turn 10 to turn 300, the per-turn time within 1.5x; the
+journal under 10% of a turn per tool round (reported, not asserted).
 
     .venv/bin/python bench/journal.py [--turns 300] [--throughput-turns 1000] [--concurrency 32]
 """

@@ -1,4 +1,5 @@
-"""A reproducible chaos soak of the job system (issue 5).
+"""A reproducible chaos soak of the job system: turns run on while workers are killed and
+Redis restarts, and each must end exactly once.
 
 A private redis-server (appendonly), two threads workers (concurrency 16) and the pump run 500
 turns over 50 conversations of the soak agent (bench/soak_agent.py): a gateway that fails
@@ -483,7 +484,7 @@ def configure_client(env: dict[str, str], redis_url: str) -> None:
 def submit(plan: list[PlannedTurn]) -> list[tuple[str, str]]:
     """Each turn's task id and its conversation's namespace."""
     from tasks import run_turn
-    from tasks.store.conversations import namespace_for
+    from tasks.core.namespaces import namespace_for
 
     return [
         (

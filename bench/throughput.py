@@ -7,7 +7,8 @@ Redis, the same pool flags for both:
   (c) run_turn with a provider sleeping 200 ms per model call
 
 Each side runs on its own worker, started for its measurements and stopped after them.
-Goals (issue 8): b/a >= 0.85, c/d >= 0.95. --strict exits 1 when one is missed.
+Goals, the job system's cost over bare Celery: b/a >= 0.85, c/d >= 0.95. --strict exits 1 when
+one is missed.
 
     .venv/bin/python bench/throughput.py [--concurrency 32] [--turns 1500] [--strict]
 """

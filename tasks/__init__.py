@@ -14,13 +14,14 @@ from tasks.core.errors import (
     TurnCancelled,
     TurnDeadLettered,
 )
+from tasks.core.namespaces import namespace_for
 from tasks.operate.control import cancel_conversation, cancel_turn
 from tasks.operate.events import TurnEvent, iter_events
-from tasks.operate.people import PendingAction, answer_question, approve_action, reject_action
+from tasks.operate.people import answer_question, approve_action, reject_action
 from tasks.operate.status import TurnStatus, turn_status
 from tasks.queue.app import app
 from tasks.queue.context import job_context
-from tasks.store.conversations import namespace_for
+from tasks.store.pending import PendingAction
 from tasks.store.records import TurnState
 from tasks.turn.tasks import resume_turn, run_turn
 from tasks.turn.worker import HandoverStep, PresenceStep

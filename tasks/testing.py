@@ -1,6 +1,8 @@
 """Real parts for running the job system in tests, benchmarks and the demo (as
 celery.contrib.testing does for Celery): a private redis-server, real `celery worker` and pump
 subprocesses, and the environment they share. Only the processes started here are signalled.
+Nothing here needs the source tree: the processes run in the caller's working directory (or the
+one passed in), and the Procfile's commands are written below (PROCFILE).
 
     server = RedisServer(workdir).start()
     env = job_env(server.url, {"support": "myapp.agents:build_support"})
@@ -28,10 +30,15 @@ from typing import Any
 
 import redis
 
-# The source tree: where the Procfile is, and the working directory of the processes started
-# here unless told otherwise (agent factories import from a worker's working directory).
-ROOT = Path(__file__).resolve().parents[1]
-# What each Procfile process logs once it is ready.
+# The deployment's processes, {name: shell command}: the Procfile's lines, here so the demo and
+# the tests run them from an installed package too (tests/tasks/test_procfile.py checks that
+# the Procfile says the same).
+PROCFILE = {
+    "worker": "celery -A tasks worker --pool threads --loglevel INFO",
+    "pump": "agentjobs pump",
+    "metrics": "agentjobs metrics --port 9808",
+}
+# What each of them logs once it is ready.
 READY = {"worker": "ready.", "pump": "pump started", "metrics": "serving metrics on"}
 
 
@@ -159,10 +166,12 @@ def job_env(
 ) -> dict[str, str]:
     """The environment of a private job system's processes: this one's, without its
     AGENTJOBS_* and CELERY_* settings, pointed at `redis_url`, with `agents` registered
-    ({name: "module:factory"}) and the source tree importable."""
+    ({name: "module:factory"}). This process's working directory goes first on PYTHONPATH, so
+    agent modules there import in every process started with this environment, wherever it
+    runs and the pump too, as `celery -A` imports from a worker's working directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTJOBS_", "CELERY_"))}
     env["REDIS_URL"] = redis_url
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
     # The processes started here must find this interpreter's `celery` and `agentjobs`.
     env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))
     if agents:
@@ -251,12 +260,12 @@ def start_process(
     logdir: Path,
     *,
     ready: str,
-    cwd: Path = ROOT,
+    cwd: Path | None = None,
     timeout_s: float = 60,
     log_stem: str | None = None,
 ) -> Process:
-    """Start `command` (a string runs in a shell, in a session of its own) and wait until its
-    log shows `ready`."""
+    """Start `command` (a string runs in a shell, in a session of its own) in `cwd` (default:
+    this process's working directory) and wait until its log shows `ready`."""
     logdir.mkdir(parents=True, exist_ok=True)
     log_path = logdir / f"{log_stem or name}-{time.monotonic_ns()}.log"
     shell = isinstance(command, str)
@@ -286,7 +295,7 @@ def start_worker(
     app: str = "tasks",
     mingle: bool = False,
     extra_args: list[str] | None = None,
-    cwd: Path = ROOT,
+    cwd: Path | None = None,
     command_prefix: list[str] | None = None,
 ) -> Process:
     """A `celery -A tasks worker` (of both queues, as the Procfile's) named `name@host`.
@@ -310,15 +319,15 @@ def start_pump(
     env: Mapping[str, str],
     logdir: Path,
     *,
-    cwd: Path = ROOT,
+    cwd: Path | None = None,
     command_prefix: list[str] | None = None,
 ) -> Process:
     command = [*(command_prefix or []), sys.executable, "-m", "tasks.turn.pump"]
     return start_process("pump", command, env, logdir, ready=READY["pump"], timeout_s=30, cwd=cwd)
 
 
-def procfile_commands(path: Path = ROOT / "Procfile") -> dict[str, str]:
-    """The Procfile's processes: {name: shell command}."""
+def procfile_commands(path: Path) -> dict[str, str]:
+    """The processes of the Procfile at `path`: {name: shell command}."""
     commands = {}
     for line in path.read_text().splitlines():
         name, sep, command = line.partition(":")

@@ -30,8 +30,11 @@ import click
 import redis
 from kombu.exceptions import OperationalError as BrokerUnreachable
 
+from tasks.core.errors import ActionConflict, UnreadableRecord
 from tasks.core.settings import SettingsError
-from tasks.store.client import parse_state_url
+from tasks.core.state_url import parse_state_url
+from tasks.queue.context import job_context
+from tasks.store.dead_letters import ReplayError
 
 _USERINFO = re.compile(r"(\w[\w+.-]*://)[^/@\s]*@")
 
@@ -48,8 +51,6 @@ def redis_location(url: str) -> str:
 
 
 def _configured_redis() -> str:
-    from tasks.queue.context import job_context
-
     try:
         settings = job_context().settings
     except SettingsError:
@@ -70,9 +71,13 @@ def _why(exc: BaseException) -> str:
 
 def operator_message(exc: BaseException) -> str | None:
     """What a person should read for an expected failure; None for anything else (a bug)."""
-    from tasks.core.errors import ActionConflict, UnreadableRecord
-    from tasks.store.dead_letters import ReplayError
+    if isinstance(exc, redis.RedisError | BrokerUnreachable):
+        return _unreachable_message(exc)
+    return _job_message(exc)
 
+
+def _unreachable_message(exc: redis.RedisError | BrokerUnreachable) -> str:
+    """A failure of Redis or the broker: where it was (never the credentials), and why."""
     if isinstance(exc, redis.AuthenticationError):
         return (
             f"Redis at {_configured_redis()} refused the credentials ({_why(exc)}); check the "
@@ -85,11 +90,15 @@ def operator_message(exc: BaseException) -> str | None:
         )
     if isinstance(exc, redis.RedisError):
         return f"Redis at {_configured_redis()} refused the command: {exc}"
-    if isinstance(exc, BrokerUnreachable):
-        return (
-            f"cannot reach the Celery broker ({_why(exc)}); is it running? CELERY_BROKER_URL "
-            "(default: REDIS_URL) sets where"
-        )
+    return (
+        f"cannot reach the Celery broker ({_why(exc)}); is it running? CELERY_BROKER_URL "
+        "(default: REDIS_URL) sets where"
+    )
+
+
+def _job_message(exc: BaseException) -> str | None:
+    """A failure the job system worded: a setting, a decision, a damaged record, an unknown
+    id; None for any other exception."""
     if isinstance(exc, SettingsError):
         return f"bad setting: {exc}; fix it in the environment and run again"
     if isinstance(exc, ActionConflict):

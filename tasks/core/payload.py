@@ -11,7 +11,7 @@ from typing import Any
 from agent import InvalidRunInputError
 from agent.runtime import normalize_input
 from tasks.core.errors import BadPayload
-from tasks.store.conversations import namespace_for
+from tasks.core.namespaces import namespace_for
 
 ALLOWED_KEYS = frozenset(
     {"agent", "conversation_id", "message", "identity", "message_from", "time", "deadline_s"}
@@ -131,10 +131,14 @@ def deadline_ms(deadline_s: float) -> int:
     return max(1, math.ceil(deadline_s * 1000))
 
 
-def parse_payload(kwargs: object, *, max_deadline_s: float | None = None) -> TurnRequest:
+def parse_payload(
+    kwargs: object, *, max_deadline_s: float | None = None, stored: bool = False
+) -> TurnRequest:
     """The request `kwargs` names, or BadPayload. `max_deadline_s` is
     AGENTJOBS_MAX_DEADLINE_S where a new turn is being accepted; None where a recorded one is
-    read back."""
+    read back. `stored` says `kwargs` was read back from a turn record: JSON the store holds
+    is JSON-safe already (orjson writes no NaN, reads no integer beyond 64 bits), so the walk
+    over every value is skipped; the fields are checked as ever."""
     if not isinstance(kwargs, Mapping):
         raise BadPayload("<payload>", "run_turn takes keyword arguments only")
     unknown = sorted(str(k) for k in kwargs if k not in ALLOWED_KEYS)
@@ -142,8 +146,9 @@ def parse_payload(kwargs: object, *, max_deadline_s: float | None = None) -> Tur
         raise BadPayload(
             "<payload>", f"unknown arguments {unknown}; allowed: {sorted(ALLOWED_KEYS)}"
         )
-    for key, value in kwargs.items():
-        check_json_value(value, key)
+    if not stored:
+        for key, value in kwargs.items():
+            check_json_value(value, key)
     agent = kwargs.get("agent")
     if not isinstance(agent, str) or not agent:
         raise BadPayload("agent", "must be a registered agent name")

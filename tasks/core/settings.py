@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from tasks.store.client import CLUSTER_SCHEME, SENTINEL_SCHEME, StateURLError, parse_state_url
+from tasks.core.state_url import CLUSTER_SCHEME, SENTINEL_SCHEME, StateURLError, parse_state_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 PROVIDERS = ("scripted", "openai", "anthropic")

@@ -1,17 +1,24 @@
-"""The demo (`agentjobs demo`): the Procfile's processes on Redis, three turns, the dead
+"""The demo (`agentjobs demo`): the Procfile's processes on Redis, four turns, the dead
 letters. One turn succeeds, one fails twice with HTTP 503 and recovers after a visible backoff,
 one gets a 401 and is dead-lettered, one asks for a refund that needs a person's approval: it
 pauses, holding no worker, until the demo approves it. Stops everything it started.
 
 Its agent (tasks/demo/agents.py) is registered in the environment the demo gives its own
 processes, never in the production registry; its keys, queues and results live under a key
-prefix of its own, and on a shared Redis it removes them afterwards.
+prefix of its own, and on a shared Redis it removes them afterwards. The dead letters are shown
+by the operator's own command, `agentjobs dlq list`, run as a process of its own. Runs from an
+installed package: its processes are tasks.testing.PROCFILE's, in the current directory.
+
+May import: tasks (the public surface, as a user's code does), tasks.testing, tasks.providers,
+tasks.operate, tasks.queue, tasks.core, agent.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,7 +94,8 @@ def describe_event(event: TurnEvent) -> str:
 
 def follow(turns: dict[str, Any], timeout_s: float = 40) -> None:
     """Print each turn's events as they happen (tasks.iter_events), until all have ended."""
-    from tasks.operate.events import TERMINAL_EVENTS, iter_events
+    from tasks.core.schema import TERMINAL_EVENTS
+    from tasks.operate.events import iter_events
 
     last: dict[str, str | None] = dict.fromkeys(turns)
     ended: set[str] = set()
@@ -135,19 +143,38 @@ def keep_logs(workdir: Path) -> None:
     say(f"their logs are kept in {kept}")
 
 
+def show_dead_letters(env: dict[str, str]) -> bool:
+    """Run `agentjobs dlq list` as an operator would, in the demo's environment, and print what
+    it prints. False when the command failed."""
+    say("the dead-letter store, as `agentjobs dlq list` shows it:")
+    # Its output is piped through this process: it gets this terminal's width, not a pipe's.
+    columns = str(shutil.get_terminal_size((200, 24)).columns)
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "dlq", "list"],
+        env={**env, "COLUMNS": columns},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    print(done.stdout, end="", flush=True)
+    if done.returncode != 0:
+        say(f"`agentjobs dlq list` failed (exit status {done.returncode}): {done.stderr.strip()}")
+        return False
+    return True
+
+
 def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
-    from tasks.testing import READY, Process, procfile_commands, start_process, wait_until
+    from tasks.testing import PROCFILE, READY, Process, start_process, wait_until
 
     env = demo_env(redis_url)
     # This process is the demo's client: same settings as its processes.
     os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS_"))})
     from tasks import TurnDeadLettered, app, load_conversation, run_turn
-    from tasks.cli import print_dead_letters
     from tasks.queue.context import job_context
 
     processes: list[Process] = []
     try:
-        for name, command in procfile_commands().items():
+        for name, command in PROCFILE.items():
             try:
                 processes.append(start_process(name, command, env, workdir, ready=READY[name]))
             except (RuntimeError, AssertionError) as exc:  # died at start, or never ready
@@ -171,9 +198,7 @@ def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
         conversation = load_conversation("c-flaky")
         if conversation is not None:
             say(f"stored conversation c-flaky: {len(conversation.history)} messages")
-        say("dead-letter store (agentjobs dlq list):")
-        print_dead_letters(job_context().dead_letters.list_entries())
-        return 0
+        return 0 if show_dead_letters(env) else 1
     finally:
         for process in processes:
             process.terminate()  # all at once: each takes a second or two to shut down

@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 
+from tasks.core.schema import TERMINAL_EVENTS
 from tasks.queue.context import JobContext, job_context
 
-TERMINAL_EVENTS = frozenset({"turn.succeeded", "turn.dead_lettered", "turn.cancelled"})
 # How long one blocking read waits before it looks at the turn record again.
 _POLL_S = 1.0
 

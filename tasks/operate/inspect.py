@@ -20,9 +20,10 @@ import orjson
 
 from agent import AgentError, AgentRunCheckpoint
 from tasks.core.errors import JobError, UnreadableRecord
+from tasks.core.keys import ShardKeys
+from tasks.core.namespaces import namespace_for
+from tasks.core.state_url import parse_state_url
 from tasks.queue.context import JobContext
-from tasks.store.client import parse_state_url
-from tasks.store.conversations import namespace_for
 from tasks.store.records import TurnRecord, TurnState
 
 # The record fields a listing needs: never the checkpoint, payload or result (they are large).
@@ -164,10 +165,54 @@ def live_stats(ctx: JobContext) -> dict[str, Any]:
     state, dead letters by reason, retries due, the oldest runnable turn's age, the pump's
     heartbeat, the workers' heartbeats and the shards' counters added up. `agentjobs metrics`
     reads these at every scrape; `stats` adds the finished turns, which walk every record."""
-    records, settings = ctx.records, ctx.settings
-    now_ms = records.server_time_ms()
-    overdue_ms = int(OVERDUE_PUMP_INTERVALS * settings.pump_interval_s * 1000)
+    now_ms = ctx.records.server_time_ms()
+    overdue_ms = _overdue_ms(ctx)
     shards = ctx.keys.all_shards()
+    replies = _read_indices(ctx, shards, now_ms, overdue_ms)
+    worker_beats = replies.pop()
+    pump_beat = replies.pop()
+    totals = _ShardTotals()
+    for n, shard in enumerate(shards):
+        totals.add(shard, replies[n * _PER_SHARD : (n + 1) * _PER_SHARD])
+    queued_ages, runnable_ages = _queued_ages(ctx, totals.queued, now_ms)
+    oldest_due_ms = totals.oldest_due_ms
+    if oldest_due_ms is not None:
+        runnable_ages.append(now_ms - oldest_due_ms)
+    return {
+        "serverTimeMs": now_ms,
+        "turns": _unfinished_by_state(totals.turns),
+        "deadLetters": _dead_letters(totals.reasons),
+        "retriesDueNow": totals.due_now,
+        # Due more than OVERDUE_PUMP_INTERVALS ago and not yet taken by a pump.
+        "retriesOverdue": totals.overdue,
+        "oldestQueuedAgeS": _oldest_s(queued_ages),
+        "oldestDueRetryAgeS": (now_ms - oldest_due_ms) / 1000 if oldest_due_ms else None,
+        # The longest a turn that could run now has waited for a worker: a queued turn at the
+        # head of its conversation since it became the head, or a retry since it was due.
+        "oldestRunnableAgeS": _oldest_s(runnable_ages),
+        "pump": _pump(pump_beat, now_ms, overdue_ms),
+        # Heartbeats within a lease lifetime; the pump removes a silent worker's.
+        "workers": _workers(worker_beats, now_ms, ctx.settings.lease_ttl_s),
+        # What the scripts counted since the store began (tasks/core/keys.py, ShardKeys.counters).
+        "counters": dict(sorted(totals.counters.items())),
+    }
+
+
+def _overdue_ms(ctx: JobContext) -> int:
+    """How long past its due time a retry may wait before the pump counts as down."""
+    return int(OVERDUE_PUMP_INTERVALS * ctx.settings.pump_interval_s * 1000)
+
+
+# How many replies each shard has in _read_indices' pipeline, in the order _ShardTotals.add
+# takes them.
+_PER_SHARD = 10
+
+
+def _read_indices(
+    ctx: JobContext, shards: list[ShardKeys], now_ms: int, overdue_ms: int
+) -> list[Any]:
+    """One pipelined read of every shard's indices and counters, then the pump's heartbeat
+    and the workers' heartbeats (the last two replies)."""
     with ctx.redis.pipeline(transaction=False) as pipe:
         for shard in shards:
             pipe.zcard(shard.pending)
@@ -183,70 +228,91 @@ def live_stats(ctx: JobContext) -> dict[str, Any]:
         pipe.get(ctx.keys.pump_heartbeat)
         pipe.hvals(ctx.keys.workers)
         replies: list[Any] = pipe.execute()
-    beats = [at for raw in replies.pop() if (at := _beat_at(raw)) is not None]
-    heartbeat_raw = replies.pop()
-    turns: Counter[str] = Counter()
-    due_now = overdue = 0
+    return replies
+
+
+@dataclass
+class _ShardTotals:
+    """The shards' index figures, added up shard by shard."""
+
+    turns: Counter[str] = field(default_factory=Counter)
+    due_now: int = 0
+    overdue: int = 0
     oldest_due_ms: int | None = None
-    reasons: Counter[str] = Counter()
-    counters: Counter[str] = Counter()
-    queued_ages: list[int] = []
-    runnable_ages: list[int] = []
-    width = 10
-    for n, shard in enumerate(shards):
-        queued, running, waiting, due, late, first_due, pending, dead, counted, held = replies[
-            n * width : n * width + width
-        ]
-        turns.update(queued=queued, running=running, waiting=waiting, paused=held)
-        due_now += due
-        overdue += late
+    reasons: Counter[str] = field(default_factory=Counter)
+    counters: Counter[str] = field(default_factory=Counter)
+    # Each shard that has queued turns, with their ids: their ages are read afterwards.
+    queued: list[tuple[ShardKeys, list[bytes]]] = field(default_factory=list)
+
+    def add(self, shard: ShardKeys, replies: list[Any]) -> None:
+        queued, running, waiting, due, late, first_due, pending, dead, counted, held = replies
+        self.turns.update(queued=queued, running=running, waiting=waiting, paused=held)
+        self.due_now += due
+        self.overdue += late
         if first_due:
             score = int(first_due[0][1])
-            oldest_due_ms = score if oldest_due_ms is None else min(oldest_due_ms, score)
-        reasons.update(_reason_of(raw) for raw in dead)
-        counters.update({name.decode(): _count(value) for name, value in counted.items()})
-        # A pending score is the turn's last wake, not its submission: read when it was made,
-        # and when it became runnable (set while it is the head of its conversation).
+            due_ms = self.oldest_due_ms
+            self.oldest_due_ms = score if due_ms is None else min(due_ms, score)
+        self.reasons.update(_reason_of(raw) for raw in dead)
+        self.counters.update({name.decode(): _count(value) for name, value in counted.items()})
         if pending:
-            with ctx.redis.pipeline(transaction=False) as pipe:
-                for member in pending:
-                    pipe.hmget(shard.turn(member.decode()), "created_at_ms", "runnable_at_ms")
-                for created, runnable in pipe.execute():
-                    if created and created.isdigit():
-                        queued_ages.append(now_ms - int(created))
-                    if runnable and runnable.isdigit():
-                        runnable_ages.append(now_ms - int(runnable))
-    if oldest_due_ms is not None:
-        runnable_ages.append(now_ms - oldest_due_ms)
-    heartbeat_ms = int(heartbeat_raw) if heartbeat_raw else None
-    # max: a pump may beat between the server time read and the heartbeat read.
-    heartbeat_age_s = max(0, now_ms - heartbeat_ms) / 1000 if heartbeat_ms is not None else None
-    pump_silent = heartbeat_age_s is None or heartbeat_age_s * 1000 > overdue_ms
-    alive = sum(1 for at in beats if at > now_ms - int(settings.lease_ttl_s * 1000))
+            self.queued.append((shard, pending))
+
+
+def _queued_ages(
+    ctx: JobContext, queued: list[tuple[ShardKeys, list[bytes]]], now_ms: int
+) -> tuple[list[int], list[int]]:
+    """How long each queued turn has waited since it was made, and since it became runnable
+    (set while it is the head of its conversation), in ms: one round trip per shard. A
+    pending score is the turn's last wake, not its submission, so the record says when."""
+    since_made: list[int] = []
+    since_runnable: list[int] = []
+    for shard, members in queued:
+        with ctx.redis.pipeline(transaction=False) as pipe:
+            for member in members:
+                pipe.hmget(shard.turn(member.decode()), "created_at_ms", "runnable_at_ms")
+            times: list[Any] = pipe.execute()
+        since_made += _ages_ms([created for created, _ in times], now_ms)
+        since_runnable += _ages_ms([runnable for _, runnable in times], now_ms)
+    return since_made, since_runnable
+
+
+def _ages_ms(times_ms: list[bytes | None], now_ms: int) -> list[int]:
+    """now_ms less each time given as digits; a field missing or not a number is left out."""
+    return [now_ms - int(at) for at in times_ms if at and at.isdigit()]
+
+
+def _oldest_s(ages_ms: list[int]) -> float | None:
+    return max(ages_ms) / 1000 if ages_ms else None
+
+
+def _unfinished_by_state(turns: Counter[str]) -> dict[str, int]:
     by_state = {str(s): 0 for s in TurnState if not s.terminal}
     by_state.update(turns)
+    return by_state
+
+
+def _dead_letters(reasons: Counter[str]) -> dict[str, Any]:
+    return {"total": sum(reasons.values()), "byReason": dict(sorted(reasons.items()))}
+
+
+def _pump(raw_beat: Any, now_ms: int, overdue_ms: int) -> dict[str, Any]:
+    """The pump's last heartbeat, its age, and whether it is too old for a pump to be up."""
+    heartbeat_ms = int(raw_beat) if raw_beat else None
+    # max: a pump may beat between the server time read and the heartbeat read.
+    age_s = max(0, now_ms - heartbeat_ms) / 1000 if heartbeat_ms is not None else None
     return {
-        "serverTimeMs": now_ms,
-        "turns": by_state,
-        "deadLetters": {"total": sum(reasons.values()), "byReason": dict(sorted(reasons.items()))},
-        "retriesDueNow": due_now,
-        # Due more than OVERDUE_PUMP_INTERVALS ago and not yet taken by a pump.
-        "retriesOverdue": overdue,
-        "oldestQueuedAgeS": max(queued_ages) / 1000 if queued_ages else None,
-        "oldestDueRetryAgeS": (now_ms - oldest_due_ms) / 1000 if oldest_due_ms else None,
-        # The longest a turn that could run now has waited for a worker: a queued turn at the
-        # head of its conversation since it became the head, or a retry since it was due.
-        "oldestRunnableAgeS": max(runnable_ages) / 1000 if runnable_ages else None,
-        "pump": {
-            "lastHeartbeatMs": heartbeat_ms,
-            "lastHeartbeatAgeS": heartbeat_age_s,
-            "mayBeDown": pump_silent,
-        },
-        # Heartbeats within a lease lifetime; the pump removes a silent worker's.
-        "workers": {"alive": alive, "silent": len(beats) - alive},
-        # What the scripts counted since the store began (tasks/core/keys.py, ShardKeys.counters).
-        "counters": dict(sorted(counters.items())),
+        "lastHeartbeatMs": heartbeat_ms,
+        "lastHeartbeatAgeS": age_s,
+        "mayBeDown": age_s is None or age_s * 1000 > overdue_ms,
     }
+
+
+def _workers(raw_beats: list[bytes], now_ms: int, lease_ttl_s: float) -> dict[str, int]:
+    """Workers by heartbeat: alive (a beat within a lease lifetime) or silent."""
+    beats = [at for raw in raw_beats if (at := _beat_at(raw)) is not None]
+    alive = sum(1 for at in beats if at > now_ms - int(lease_ttl_s * 1000))
+    return {"alive": alive, "silent": len(beats) - alive}
 
 
 def _beat_at(raw: bytes) -> int | None:
@@ -328,7 +394,7 @@ def state_store(ctx: JobContext, *, state_lost_turns: int) -> dict[str, Any]:
 def pump_may_be_down(ctx: JobContext, due_at_ms: int) -> bool:
     """Whether a retry due at `due_at_ms` is overdue with no pump heartbeat to explain it."""
     now_ms = ctx.records.server_time_ms()
-    overdue_ms = int(OVERDUE_PUMP_INTERVALS * ctx.settings.pump_interval_s * 1000)
+    overdue_ms = _overdue_ms(ctx)
     if due_at_ms > now_ms - overdue_ms:
         return False
     beat = ctx.redis.get(ctx.keys.pump_heartbeat)

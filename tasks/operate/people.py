@@ -8,7 +8,8 @@ and request id alone (a stateless web handler can): approve_action, reject_actio
 answer_question, each one fenced script (tasks/store/lua/decide.lua). When every request of the
 pause is decided the turn is queued again and woken; the worker that claims it resumes the run
 with the recorded decisions, and the model is not asked again for the paused response. A pause
-lasts AGENTJOBS_PAUSE_TTL_S at most: the pump then dead-letters it as pause_expired.
+lasts AGENTJOBS_PAUSE_TTL_S at most: the pump then dead-letters it as pause_expired
+(tasks/turn/pump.py). What a pause waits for is read by tasks/store/pending.py.
 
     pause.lua    running -> paused       journal:requests, request:<id> -> kind, deadline held
     decide.lua   paused -> paused        decision:<id> -> body, decided_by:<id> -> actor
@@ -22,106 +23,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
-from agent import Decision, PendingRequest
-from agent.pauses import request_dict, request_from_dict
-from tasks.core.errors import ActionConflict, BadPayload, PauseExpired, Reason
-from tasks.core.keys import ShardKeys
+from tasks.core.errors import ActionConflict, BadPayload
 from tasks.core.payload import MAX_JSON_DEPTH, check_json_value
-from tasks.operate.control import force_dead_letter, wake_turn
+from tasks.core.schema import Decided
 from tasks.queue.context import JobContext, job_context
-from tasks.store.conversations import owner_of_namespace
-from tasks.store.journal import REQUESTS
-from tasks.store.records import Due, TurnRecord, TurnState
+from tasks.store.pending import PendingAction, pending_actions
+from tasks.store.records import TurnRecord, TurnState
+from tasks.turn.ending import wake
 
 logger = logging.getLogger("agentjobs.pauses")
-
-
-@dataclass(frozen=True)
-class PendingAction:
-    """A decision a paused turn waits for."""
-
-    request_id: str
-    kind: Literal["approval", "question"]
-    tool: str
-    tool_call_id: str
-    args: Mapping[str, Any]
-    question: str | None
-    requested_at: datetime
-    expires_at: datetime
-    turn_id: str = ""
-    # Whose turn waits (as TurnStatus): a handler approving by id checks these first.
-    tenant: str | None = None
-    principal: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "turnId": self.turn_id,
-            "tenant": self.tenant,
-            "principal": self.principal,
-            "requestId": self.request_id,
-            "kind": self.kind,
-            "tool": self.tool,
-            "toolCallId": self.tool_call_id,
-            "args": dict(self.args),
-            "question": self.question,
-            "requestedAt": self.requested_at.isoformat(),
-            "expiresAt": self.expires_at.isoformat(),
-        }
-
-
-def _utc(epoch_ms: int) -> datetime:
-    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
-
-
-def requests_json(requests: tuple[PendingRequest, ...]) -> bytes:
-    return orjson.dumps([request_dict(r) for r in requests])
-
-
-def paused_requests(record: TurnRecord) -> tuple[PendingRequest, ...]:
-    """The requests of the turn's iteration in flight, when it paused for a person."""
-    raw = record.journal.get(REQUESTS)
-    return tuple(request_from_dict(r) for r in orjson.loads(raw)) if raw else ()
-
-
-def pending_actions(record: TurnRecord) -> tuple[PendingAction, ...]:
-    """What a paused turn waits for (empty unless it is paused): its requests not decided."""
-    if record.state is not TurnState.PAUSED:
-        return ()
-    requested, expires = _utc(record.paused_at_ms), _utc(record.pause_expires_at_ms)
-    tenant, principal = owner_of_namespace(record.namespace)
-    return tuple(
-        PendingAction(
-            request_id=r.request_id,
-            kind="question" if r.kind == "question" else "approval",
-            tool=r.tool,
-            tool_call_id=r.tool_call_id,
-            args=dict(r.args),
-            question=r.question,
-            requested_at=requested,
-            expires_at=expires,
-            turn_id=record.turn_id,
-            tenant=tenant,
-            principal=principal,
-        )
-        for r in paused_requests(record)
-        if r.request_id not in record.decisions
-    )
-
-
-def recorded_decisions(record: TurnRecord) -> dict[str, Decision]:
-    """The decisions recorded for the requests of the turn's paused iteration."""
-    decisions = {}
-    for request in paused_requests(record):
-        body = record.decisions.get(request.request_id)
-        if body is not None:
-            decisions[request.request_id] = _decision_of(orjson.loads(body))
-    return decisions
 
 
 def paused_turns(ctx: JobContext) -> list[tuple[TurnRecord, tuple[PendingAction, ...]]]:
@@ -145,15 +59,6 @@ def _body(decision: str, **fields: Any) -> bytes:
     # Sorted keys: the same decision always has the same bytes, so the script can compare.
     present = {key: value for key, value in fields.items() if value is not None}
     return orjson.dumps({"decision": decision, **present}, option=orjson.OPT_SORT_KEYS)
-
-
-def _decision_of(body: Mapping[str, Any]) -> Decision:
-    kind = body.get("decision")
-    if kind == "approve":
-        return Decision.approve(body.get("editedArgs"))
-    if kind == "answer":
-        return Decision.answer(str(body.get("answer", "")))
-    return Decision.reject(str(body.get("message", "")))
 
 
 _PLAIN_JSON = (
@@ -243,13 +148,13 @@ def _decide(
         event=event,
     )
     status = reply[0]
-    if status == "recorded":
+    if status == Decided.RECORDED:
         return True
-    if status == "resumed":
+    if status == Decided.RESUMED:
         logger.info("turn %s resumes: every request of its pause is decided", turn_id)
-        wake_turn(turn_id, record.namespace, reply[1], reply[2])
+        wake(ctx, turn_id, record.namespace, reply[1], reply[2])
         return True
-    if status == "same":
+    if status == Decided.SAME:
         return False
     raise ActionConflict(turn_id, request_id, _refusal(status, reply[1:], decision))
 
@@ -267,27 +172,3 @@ def _refusal(status: str, detail: list[str], decision: str) -> str:
         state = detail[0] if detail else "ended"
         return f"the turn is {state}: its pause ended before this request was decided"
     return "no such turn (or its record expired)"
-
-
-# -- expiry (the pump) ----------------------------------------------------------------------------
-
-
-def end_expired_pauses(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
-    """Dead-letter the shard's paused turns nobody decided on in time (pause_expired); the
-    conversation moves on. Returns how many."""
-
-    def end_expired(due: Due) -> int:
-        record = ctx.records.get(due.turn_id, due.namespace)
-        if record is None or record.state is not TurnState.PAUSED:
-            ctx.redis.zrem(shard.pauses, due.turn_id)
-            return 0
-        pending = len(pending_actions(record))
-        error = PauseExpired(record.turn_id, pending)
-        entry_id = force_dead_letter(ctx, record, Reason.PAUSE_EXPIRED, error)
-        if entry_id is None:
-            return 0
-        logger.warning("turn %s: its pause expired undecided: %s", record.turn_id, entry_id)
-        return 1
-
-    expired = ctx.records.take_due(shard, shard.pauses, limit=limit, bump_ms=5000)
-    return ctx.records.sweep(expired, end_expired)

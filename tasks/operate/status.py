@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tasks.operate.people import PendingAction, pending_actions
+from tasks.core.namespaces import owner_of_namespace
 from tasks.queue.context import job_context
-from tasks.store.conversations import owner_of_namespace
+from tasks.store.pending import PendingAction, pending_actions
 from tasks.store.records import TurnRecord, TurnState
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from tasks.core.keys import Keys
 from tasks.core.settings import Settings, load_settings
+from tasks.core.state_url import parse_state_url
 from tasks.queue.app import app
-from tasks.store.client import StateClient, StateEpoch, connect, parse_state_url
+from tasks.store.client import StateClient, StateEpoch, connect
 from tasks.store.conversations import ConversationStore
 from tasks.store.dead_letters import DeadLetterStore
 from tasks.store.leases import LeaseKeeper
@@ -43,7 +44,7 @@ def build_context(settings: Settings) -> JobContext:
         keys=keys,
         records=records,
         store=store,
-        dead_letters=DeadLetterStore(client, records, store, settings.record_ttl_s),
+        dead_letters=DeadLetterStore(client, records, settings.record_ttl_s),
         leases=LeaseKeeper(records, settings.lease_ttl_s),
         epoch=StateEpoch(client, keys.epoch, keys.epochs_lost),
     )

@@ -11,16 +11,14 @@ by another version or by the store) comes out of every read as {"id", "unreadabl
 its place: listings name it, show and replay refuse it, purge finds it by age, and the other
 entries are read as before.
 
-Replaying marks the entry with the new turn id first (SET NX), enqueues that turn, and only
-then removes the entry: a replay that dies half-way is finished by the next one, and two
-replays of one entry start one turn.
+A replay (tasks/turn/ending.py, `replay_dead_letter`) marks the entry with the new turn id
+first (`mark_replay`, SET NX), enqueues that turn, and only then removes the entry.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,8 +31,8 @@ from agent import AgentError
 from tasks.core.errors import JobError, UnreadableRecord
 from tasks.core.keys import ShardKeys
 from tasks.core.redact import redact
+from tasks.core.schema import Field
 from tasks.store.client import StateClient
-from tasks.store.conversations import ConversationStore
 from tasks.store.records import Ended, TurnRecord, TurnRecords
 
 
@@ -119,15 +117,15 @@ _OPTIONAL_TEXT = ("id", "errorType", "error", "agent", "conversationId", "baseRu
 _NUMBERS = ("attempts", "firstFailedAtMs", "lastFailedAtMs")
 # The turn record fields a listing checks: the small ones, never the checkpoint or message.
 _CHECKED_FIELDS = (
-    "state",
-    "namespace",
-    "attempt",
-    "deliveries",
-    "iteration",
-    "created_at_ms",
-    "updated_at_ms",
-    "finished_at_ms",
-    "first_failed_at_ms",
+    Field.STATE,
+    Field.NAMESPACE,
+    Field.ATTEMPT,
+    Field.DELIVERIES,
+    Field.ITERATION,
+    Field.CREATED_AT_MS,
+    Field.UPDATED_AT_MS,
+    Field.FINISHED_AT_MS,
+    Field.FIRST_FAILED_AT_MS,
 )
 
 
@@ -208,15 +206,6 @@ def found_entry(
     return StoredEntry(entry_id, shard, failed_at_ms, summary)
 
 
-@dataclass(frozen=True)
-class Replayed:
-    entry_id: str
-    turn_id: str
-    # False when an earlier replay of this entry had already enqueued the turn.
-    first: bool
-    resumed_from_checkpoint: bool
-
-
 class DeadLetterStore:
     """Entries come out as dicts: the summary (and with bodies, `checkpoint` and `kwargs`), or
     for an entry that cannot be read, {"id": ..., "unreadable": why}, listed in its place so
@@ -226,16 +215,14 @@ class DeadLetterStore:
         self,
         client: StateClient,
         records: TurnRecords,
-        store: ConversationStore,
         record_ttl_s: int,
     ) -> None:
         self._redis = client
-        self._store = store
         self._records = records
         self._keys = records.keys
         self._record_ttl_s = record_ttl_s
 
-    def _find(self, entry_id: str) -> StoredEntry | None:
+    def find(self, entry_id: str) -> StoredEntry | None:
         shards = self._keys.all_shards()
         with self._redis.pipeline(transaction=False) as pipe:
             for shard in shards:
@@ -248,15 +235,15 @@ class DeadLetterStore:
 
     def summary(self, entry_id: str) -> dict[str, Any] | None:
         """The entry without its checkpoint and kwargs (cheap)."""
-        found = self._find(entry_id)
+        found = self.find(entry_id)
         return found.as_dict() if found is not None else None
 
     def get(self, entry_id: str) -> dict[str, Any] | None:
         """The whole entry: summary, checkpoint and the submitted kwargs."""
-        found = self._find(entry_id)
-        return self._with_bodies([found])[0] if found is not None else None
+        found = self.find(entry_id)
+        return self.with_bodies([found])[0] if found is not None else None
 
-    def _with_bodies(self, entries: list[StoredEntry]) -> list[dict[str, Any]]:
+    def with_bodies(self, entries: list[StoredEntry]) -> list[dict[str, Any]]:
         """The entries completed with `checkpoint` and `kwargs` from their turn records."""
         with self._redis.pipeline(transaction=False) as pipe:
             for entry in entries:
@@ -297,7 +284,7 @@ class DeadLetterStore:
                 return
             if limit is not None:
                 limit -= len(page)
-            yield from (self._with_bodies(page) if bodies else (e.as_dict() for e in page))
+            yield from (self.with_bodies(page) if bodies else (e.as_dict() for e in page))
 
     def list_entries(
         self, *, reason: str | None = None, limit: int | None = None, bodies: bool = False
@@ -330,33 +317,20 @@ class DeadLetterStore:
                 yield found_entry(name, shard, raw, int(score), fields)
             start += page
 
-    def replay(self, entry_id: str) -> Replayed:
-        """Enqueue a dead-lettered turn again as a new turn with a fresh retry budget.
+    def replayed_as(self, entry_id: str) -> str:
+        """The turn a replay of `entry_id` started ('' when none did, or it has expired)."""
+        turn_id = self._redis.get(self._keys.replay_marker(entry_id))
+        return turn_id.decode() if isinstance(turn_id, bytes) else ""
 
-        It resumes the entry's checkpoint when the conversation has not moved since the turn
-        started (nothing ran after it); otherwise it runs the message again on the
-        conversation as it is now, so the stored history never forks. An entry that cannot
-        be read raises UnreadableEntry and is left as it is.
-        """
+    def mark_replay(self, entry_id: str, new_turn_id: str) -> tuple[str, bool]:
+        """Mark the entry as replayed by `new_turn_id` unless a replay marked it first;
+        returns (the replay's turn id, whether this call marked it)."""
         marker = self._keys.replay_marker(entry_id)
-        found = self._find(entry_id)
-        if found is None:
-            replayed_as = self._redis.get(marker)
-            if isinstance(replayed_as, bytes):
-                return Replayed(entry_id, replayed_as.decode(), False, False)
-            raise ReplayError(f"no dead-letter entry {entry_id!r}; `agentjobs dlq list` shows them")
-        entry = self._with_bodies([found])[0]
-        if UNREADABLE in entry:
-            raise UnreadableEntry(entry_id, entry[UNREADABLE])
-        new_turn_id = f"replay-{uuid.uuid4()}"
-        first = bool(self._redis.set(marker, new_turn_id, nx=True, ex=self._record_ttl_s))
-        if not first:
-            existing = self._redis.get(marker)
-            assert isinstance(existing, bytes)
-            new_turn_id = existing.decode()
-        resumed = _submit_replay(new_turn_id, entry, self._store)
-        self.remove([found], replayed_as=new_turn_id)
-        return Replayed(entry_id, new_turn_id, first=first, resumed_from_checkpoint=resumed)
+        if self._redis.set(marker, new_turn_id, nx=True, ex=self._record_ttl_s):
+            return new_turn_id, True
+        existing = self._redis.get(marker)
+        assert isinstance(existing, bytes)
+        return existing.decode(), False
 
     def purgeable(
         self, *, reason: str | None = None, older_than_s: float | None = None
@@ -384,31 +358,8 @@ class DeadLetterStore:
                 pipe.hdel(shard.dead_letters, entry.entry_id)
                 pipe.zrem(shard.dead_letter_index, entry.entry_id)
                 if replayed_as:
-                    pipe.hset(shard.turn(turn_id), "replayed_as", replayed_as)
+                    pipe.hset(shard.turn(turn_id), Field.REPLAYED_AS, replayed_as)
                 pipe.expire(shard.turn(turn_id), self._record_ttl_s)
                 pipe.expire(shard.events(turn_id), self._record_ttl_s)
             pipe.execute()
         return len(entries)
-
-
-def _submit_replay(turn_id: str, entry: dict[str, Any], store: ConversationStore) -> bool:
-    """Enqueue the replayed turn; True when it resumes the entry's checkpoint, which it does
-    only while the stored conversation is the one the failed turn started from."""
-    from tasks.turn.tasks import submit_turn  # the Celery tasks import this module
-
-    checkpoint = entry.get("checkpoint")
-    namespace = str(entry.get("namespace") or "")
-    resume = False
-    if checkpoint and namespace and entry.get("reason") != "invalid_checkpoint":
-        try:
-            stored = store.load(namespace)
-        except (JobError, AgentError):
-            stored = None
-        resume = (stored.run_id if stored else "") == entry.get("baseRunId", "")
-    submit_turn(
-        turn_id,
-        entry.get("kwargs"),
-        checkpoint=orjson.dumps(checkpoint) if resume else b"",
-        replay_of=str(entry.get("id", "")),
-    )
-    return resume

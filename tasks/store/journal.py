@@ -23,14 +23,15 @@ import orjson
 from agent import IterationJournal, ResponseReport, ToolCallPhase, ToolCallReport
 from agent.journal import call_from_dict
 from agent.pauses import request_from_dict
+from tasks.core.schema import Field, FieldPrefix
 
-RESPONSE = "journal:response"
-CALLS = "journal:calls"
-REQUESTS = "journal:requests"  # a pause's requests (tasks/operate/people.py)
+RESPONSE = Field.JOURNAL_RESPONSE
+CALLS = Field.JOURNAL_CALLS
+REQUESTS = Field.JOURNAL_REQUESTS  # a pause's requests (tasks/operate/people.py)
 
 
 def call_field(index: int) -> str:
-    return f"journal:{index}"
+    return f"{FieldPrefix.JOURNAL}{index}"
 
 
 def response_fields(report: ResponseReport) -> dict[str, bytes]:
@@ -62,9 +63,9 @@ def read_journal(fields: Mapping[str, bytes]) -> IterationJournal | None:
         return None
     response = orjson.loads(raw)
     calls = {
-        int(name.removeprefix("journal:")): call_from_dict(orjson.loads(value))
+        int(name.removeprefix(FieldPrefix.JOURNAL)): call_from_dict(orjson.loads(value))
         for name, value in fields.items()
-        if name.removeprefix("journal:").isdigit()
+        if name.removeprefix(FieldPrefix.JOURNAL).isdigit()
     }
     raw_requests = fields.get(REQUESTS)
     requests = [request_from_dict(r) for r in orjson.loads(raw_requests)] if raw_requests else []

@@ -5,8 +5,9 @@ It belongs to the process's JobContext. It starts with the first lease it holds 
 in a forked pool child (threads do not survive a fork), and `stop()` ends it.
 
 It also carries the process's one piece of shutdown state: once `drain()` is called (the
-worker was told to stop, tasks/turn/worker.py), every turn it runs hands its lease over at its next
-check point (tasks/turn/tasks.py), and `held()` names the leases still held when the grace runs out.
+worker was told to stop, tasks/turn/worker.py), every turn it runs hands its lease over at its
+next check point (tasks/turn/checkpoints.py), and `held()` names the leases still held when the
+grace runs out.
 The flag lives here, not in a module global, because it is about exactly these leases.
 """
 

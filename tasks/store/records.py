@@ -1,31 +1,44 @@
 """Turn records: the source of truth for every turn, changed only by the Lua scripts in
 tasks/store/lua/, so each state change is atomic with the queue, lease and index updates that go
-with it. Each script is tasks/store/lua/common.lua (the server clock, the lease encoding, ending a
-turn) followed by the script's own body; every script touches the keys of one shard only.
+with it. Each script is loaded as three parts (`_source`): a prelude generated from
+tasks/core/schema.py (the names of the states, events, record fields and replies, and the
+script's KEYS and ARGV by name: schema.lua_prelude), then the functions of
+tasks/store/lua/common.lua it calls (the server clock, the lease encoding, ending a turn), then
+the script's own body. Every script touches the keys of one shard only, and every call here
+passes its KEYS and ARGV by name (schema.ScriptSchema).
 
-The states of a turn and what moves it (the only transitions there are):
+The states of a turn and what moves it, each by one script (the only transitions there are):
 
-    register ──> queued ──claim──> running ──answer──────────────────────> succeeded
-                   │  ^              │  │
-                   │  │              │  ├──resumable failure, attempts left──> waiting
-                   │  │              │  │                                        │
-                   │  │              │  │           claim, once due (the pump) <─┘  -> running
-                   │  │              │  │
-                   │  │              │  ├──lease expired (worker died): takeover, a new claim
-                   │  │              │  │  of the same running turn from its last checkpoint
-                   │  │              │  │
-                   │  └──────────────┼──┴──its worker shuts down (a deploy): handed over, the
-                   │                 │     lease released at once; claimed again from its last
-                   │                 │     checkpoint as the same delivery
-                   │                 │
-                   │                 └──not resumable / attempts spent / poison / bad input
-                   │                    / agent error──────────────────────> dead_lettered
-                   └──bad payload (never claimed: no conversation to queue in)──> dead_lettered
+    from            script       to             when
+    (nothing)       register     queued         a turn is submitted; it waits behind the
+                                                earlier turns of its conversation
+    queued          claim        running        it is the head of its conversation's queue
+                                                and no lease is live
+    waiting         claim        running        its retry is due (the pump wakes it)
+    running         claim        running        its lease expired (the worker died or
+                                                stalled): another takes it over from its
+                                                last checkpoint
+    running         handover     queued         its worker shuts down (a deploy): the lease is
+                                                released at once, and the next claim goes on
+                                                with the same delivery from its checkpoint
+    running         retry        waiting        a resumable failure, attempts left
+    running         pause        paused         the run waits for a person's decisions
+    paused          decide       queued         the last request of the pause is decided; it
+                                                keeps its place at the head of the queue
+    running         succeed      succeeded      the run answered
+    running         dead_letter  dead_lettered  not resumable, attempts spent, poison, bad
+                                                input, agent error
+    any unfinished  dead_letter  dead_lettered  forced without the lease (token ''): its
+                                                deadline passed, its pause expired, a bad
+                                                payload (never claimed: no conversation to
+                                                queue in)
+    any unfinished  cancel       cancelled      cancel_turn, cancel_conversation, a revoke
 
 A turn runs only while it is the head of its conversation's queue and holds the conversation
 lease; every write a running turn makes is checked against its lease token, so a worker that
 stalled past its lease cannot write over the worker that took the turn over. Ending a turn
-(succeeded or dead_lettered) takes it off the queue and marks the next head as woken.
+(succeeded, dead_lettered or cancelled: the terminal states) takes it off the queue and marks
+the next head as woken.
 """
 
 from __future__ import annotations
@@ -33,9 +46,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from importlib import resources
 from typing import Any
 
@@ -44,11 +56,16 @@ from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from agent import AgentRunCheckpoint
+from tasks.core import schema
 from tasks.core.errors import BadPayload, InvalidTurnRequest, UnreadableRecord
 from tasks.core.keys import Keys, ShardKeys
+from tasks.core.namespaces import in_namespace_of
 from tasks.core.payload import deadline_ms
+from tasks.core.schema import REGISTERED, Field, FieldPrefix, Outcome, ScriptSchema
+from tasks.core.schema import ClaimStatus as ClaimStatus
+from tasks.core.schema import Registered as Registered
+from tasks.core.schema import TurnState as TurnState
 from tasks.store.client import StateClient
-from tasks.store.conversations import in_namespace_of
 from tasks.store.progress import progress_checkpoint
 
 logger = logging.getLogger("agentjobs.records")
@@ -56,41 +73,6 @@ logger = logging.getLogger("agentjobs.records")
 # How long a first submission's turn-id marker stands: past it, the record it registered is
 # the evidence of who owns the id (claim_turn_id).
 TURN_ID_MARKER_TTL_S = 60
-
-
-class TurnState(StrEnum):
-    """A turn's state (docs/operations.md, "Turn states and status"). The last three are
-    terminal. `paused` and `cancelled` are reserved for the issues that build pauses and
-    cancelling: no script writes them yet."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    WAITING = "waiting"  # for a retry
-    PAUSED = "paused"  # for a person's decision
-    SUCCEEDED = "succeeded"
-    DEAD_LETTERED = "dead_lettered"
-    CANCELLED = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (TurnState.SUCCEEDED, TurnState.DEAD_LETTERED, TurnState.CANCELLED)
-
-
-class Registered(StrEnum):
-    CREATED = "created"
-    EXISTS = "exists"  # the same turn id with the same request: an idempotent resubmission
-    CONFLICT = "conflict"  # the same turn id with another request: refused
-    FOREIGN = "foreign"  # the turn id names a turn of another conversation: refused
-
-
-class ClaimStatus(StrEnum):
-    CLAIMED = "claimed"
-    MISSING = "missing"  # no record (never registered, or expired)
-    DONE = "done"  # the turn already ended
-    PAUSED = "paused"  # waiting for a person's decision
-    NOT_DUE = "not_due"  # waiting out its backoff
-    NOT_HEAD = "not_head"  # an earlier turn of the conversation is unfinished
-    BUSY = "busy"  # another delivery holds the conversation lease
 
 
 def _text(value: bytes | str) -> str:
@@ -184,58 +166,57 @@ class TurnRecord:
     @classmethod
     def _from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
         fields = {_text(k): _text(v) for k, v in raw.items() if not _is_large(k)}
-        frames = tuple(_bytes(raw, f"frame:{n}") for n in range(1, _int(fields, "frames") + 1))
-        journal = {
-            name: _bytes(raw, name)
-            for name in (_text(k) for k in raw)
-            if name.startswith("journal:")
-        }
+        count = _int(fields, Field.FRAMES)
+        frames = tuple(_bytes(raw, f"{FieldPrefix.FRAME}{n}") for n in range(1, count + 1))
+        names = [_text(k) for k in raw]
         return cls(
             turn_id=turn_id,
-            state=TurnState(fields["state"]),
-            agent=fields.get("agent", ""),
-            conversation_id=fields.get("conversation_id", ""),
-            namespace=fields.get("namespace", ""),
-            payload=_json(fields, "payload"),
-            attempt=_int(fields, "attempt", 1),
-            deliveries=_int(fields, "deliveries"),
-            redeliveries=_int(fields, "redeliveries"),
-            iteration=_int(fields, "iteration"),
-            created_at_ms=_int(fields, "created_at_ms"),
-            updated_at_ms=_int(fields, "updated_at_ms"),
-            started_at_ms=_int(fields, "started_at_ms"),
-            finished_at_ms=_int(fields, "finished_at_ms"),
-            due_at_ms=_int(fields, "due_at_ms"),
-            first_failed_at_ms=_int(fields, "first_failed_at_ms"),
-            worker=fields.get("worker", ""),
-            token=fields.get("token", ""),
-            checkpoint=_bytes(raw, "checkpoint"),
+            state=TurnState(fields[Field.STATE]),
+            agent=fields.get(Field.AGENT, ""),
+            conversation_id=fields.get(Field.CONVERSATION_ID, ""),
+            namespace=fields.get(Field.NAMESPACE, ""),
+            payload=_json(fields, Field.PAYLOAD),
+            attempt=_int(fields, Field.ATTEMPT, 1),
+            deliveries=_int(fields, Field.DELIVERIES),
+            redeliveries=_int(fields, Field.REDELIVERIES),
+            iteration=_int(fields, Field.ITERATION),
+            created_at_ms=_int(fields, Field.CREATED_AT_MS),
+            updated_at_ms=_int(fields, Field.UPDATED_AT_MS),
+            started_at_ms=_int(fields, Field.STARTED_AT_MS),
+            finished_at_ms=_int(fields, Field.FINISHED_AT_MS),
+            due_at_ms=_int(fields, Field.DUE_AT_MS),
+            first_failed_at_ms=_int(fields, Field.FIRST_FAILED_AT_MS),
+            worker=fields.get(Field.WORKER, ""),
+            token=fields.get(Field.TOKEN, ""),
+            checkpoint=_bytes(raw, Field.CHECKPOINT),
             frames=frames,
-            base=_bytes(raw, "base"),
-            journal=journal,
-            last_error=fields.get("last_error", ""),
-            result=_json(fields, "result"),
-            dlq_id=fields.get("dlq_id", ""),
-            reason=fields.get("reason", ""),
-            replay_of=fields.get("replay_of", ""),
-            replayed_as=fields.get("replayed_as", ""),
-            deadline_at_ms=_int(fields, "deadline_at_ms"),
-            cancel_reason=fields.get("cancel_reason", ""),
-            handovers=_int(fields, "handovers"),
-            paused_at_ms=_int(fields, "paused_at_ms"),
-            pause_expires_at_ms=_int(fields, "pause_expires_at_ms"),
+            base=_bytes(raw, Field.BASE),
+            journal={
+                name: _bytes(raw, name) for name in names if name.startswith(FieldPrefix.JOURNAL)
+            },
+            last_error=fields.get(Field.LAST_ERROR, ""),
+            result=_json(fields, Field.RESULT),
+            dlq_id=fields.get(Field.DLQ_ID, ""),
+            reason=fields.get(Field.REASON, ""),
+            replay_of=fields.get(Field.REPLAY_OF, ""),
+            replayed_as=fields.get(Field.REPLAYED_AS, ""),
+            deadline_at_ms=_int(fields, Field.DEADLINE_AT_MS),
+            cancel_reason=fields.get(Field.CANCEL_REASON, ""),
+            handovers=_int(fields, Field.HANDOVERS),
+            paused_at_ms=_int(fields, Field.PAUSED_AT_MS),
+            pause_expires_at_ms=_int(fields, Field.PAUSE_EXPIRES_AT_MS),
             decisions={
-                name.removeprefix("decision:"): _bytes(raw, name)
-                for name in (_text(k) for k in raw)
-                if name.startswith("decision:")
+                name.removeprefix(FieldPrefix.DECISION): _bytes(raw, name)
+                for name in names
+                if name.startswith(FieldPrefix.DECISION)
             },
             deciders={
-                name.removeprefix("decided_by:"): value
+                name.removeprefix(FieldPrefix.DECIDED_BY): value
                 for name, value in fields.items()
-                if name.startswith("decided_by:")
+                if name.startswith(FieldPrefix.DECIDED_BY)
             },
-            trace=fields.get("trace", ""),
-            runnable_at_ms=_int(fields, "runnable_at_ms"),
+            trace=fields.get(Field.TRACE, ""),
+            runnable_at_ms=_int(fields, Field.RUNNABLE_AT_MS),
         )
 
     def as_dict(self, progress: AgentRunCheckpoint | None = None) -> dict[str, Any]:
@@ -272,10 +253,14 @@ class TurnRecord:
         }
 
 
+# Fields kept as bytes, not decoded with the small ones.
+_LARGE_FIELDS = (Field.CHECKPOINT, Field.BASE)
+_LARGE_PREFIXES = (FieldPrefix.FRAME, FieldPrefix.JOURNAL, FieldPrefix.DECISION)
+
+
 def _is_large(name: bytes | str) -> bool:
-    """Fields kept as bytes, not decoded with the small ones."""
     text = _text(name)
-    return text in ("checkpoint", "base") or text.startswith(("frame:", "journal:", "decision:"))
+    return text in _LARGE_FIELDS or text.startswith(_LARGE_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -305,8 +290,13 @@ class Due:
 
 @functools.cache
 def _source(name: str) -> str:
+    """The text of script `name` as Redis runs it: the prelude schema.lua_prelude generates for
+    it, the functions of common.lua it uses (schema.lua_common), then tasks/store/lua/<name>.lua.
+    The same files give the same text, so the same SHA."""
     lua = resources.files("tasks.store") / "lua"
-    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    body = (lua / f"{name}.lua").read_text()
+    code = schema.lua_common((lua / "common.lua").read_text(), body) + "\n" + body
+    return schema.lua_prelude(schema.SCRIPTS[name], code) + code
 
 
 class TurnRecords:
@@ -323,14 +313,24 @@ class TurnRecords:
         return self._keys
 
     def script(self, name: str) -> Script:
-        """tasks/store/lua/<name>.lua with common.lua in front, registered once per client."""
+        """tasks/store/lua/<name>.lua with its prelude and common.lua in front (`_source`),
+        registered once per client. Called with KEYS and ARGV in the order of
+        schema.SCRIPTS[name]."""
         found = self._scripts.get(name)
         if found is None:
             found = self._scripts[name] = self._redis.register_script(_source(name))
         return found
 
-    def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        return self.script(name)(keys=keys, args=args)
+    def _run(
+        self,
+        script: ScriptSchema,
+        keys: Mapping[str, str],
+        args: Mapping[str, Any],
+        rest: Sequence[Any] = (),
+    ) -> Any:
+        """Run `script` with its KEYS and ARGV given by name (and what follows the named ARGV)."""
+        ordered = script.args_from(args, rest)
+        return self.script(script.name)(keys=script.keys_from(keys), args=ordered)
 
     def get(self, turn_id: str, namespace: str | None = None) -> TurnRecord | None:
         """The turn's record; without its namespace every shard is asked (one round trip).
@@ -411,7 +411,7 @@ class TurnRecords:
     def _ask_namespaces(self, pipe: Any, turn_id: str) -> None:
         """Queue on `pipe` a read of each shard's record of `turn_id` for its namespace."""
         for shard in self._keys.all_shards():
-            pipe.hget(shard.turn(turn_id), "namespace")
+            pipe.hget(shard.turn(turn_id), Field.NAMESPACE)
 
     def claim_turn_id(self, turn_id: str, namespace: str) -> bool:
         """Whether `turn_id` may name a turn of `namespace`: no other conversation holds a
@@ -447,17 +447,35 @@ class TurnRecords:
         the trace context its attempts join (`trace`, tasks/telemetry/tracing.py). A turn id already
         recorded is left as it is."""
         k = self._keys.for_namespace(namespace)
-        args: list[Any] = [turn_id, payload, agent, conversation_id, namespace, checkpoint]
-        args += [replay_of, deadline_ms(deadline_s) if deadline_s else 0, trace]
-        keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id), k.deadlines]
-        created = int(self._run("register", keys, args))
-        return {1: Registered.CREATED, 0: Registered.EXISTS}.get(created, Registered.CONFLICT)
+        args = {
+            "turn_id": turn_id,
+            "payload": payload,
+            "agent": agent,
+            "conversation_id": conversation_id,
+            "namespace": namespace,
+            "checkpoint": checkpoint,
+            "replay_of": replay_of,
+            "deadline_ms": deadline_ms(deadline_s) if deadline_s else 0,
+            "trace": trace,
+        }
+        created = int(self._run(schema.REGISTER, self._queue_keys(k, turn_id, namespace), args))
+        return REGISTERED.get(created, Registered.CONFLICT)
 
     def unregister(self, turn_id: str, namespace: str) -> None:
         """Undo register for a turn whose message could not be published."""
         k = self._keys.for_namespace(namespace)
-        keys = [k.turn(turn_id), k.queue(namespace), k.pending, k.events(turn_id), k.deadlines]
-        self._run("unregister", keys, [turn_id])
+        keys = self._queue_keys(k, turn_id, namespace)
+        self._run(schema.UNREGISTER, keys, {"turn_id": turn_id})
+
+    def _queue_keys(self, k: ShardKeys, turn_id: str, namespace: str) -> dict[str, str]:
+        # The keys register.lua and unregister.lua take, by name.
+        return {
+            "turn": k.turn(turn_id),
+            "queue": k.queue(namespace),
+            "pending": k.pending,
+            "events": k.events(turn_id),
+            "deadlines": k.deadlines,
+        }
 
     def claim(
         self, turn_id: str, namespace: str, token: str, lease_ttl_s: float, worker: str
@@ -465,20 +483,23 @@ class TurnRecords:
         """Take the turn if it may run now. One round trip, which also returns its record and,
         for a turn starting from the stored conversation, that conversation."""
         k = self._keys.for_namespace(namespace)
-        reply = self._run(
-            "claim",
-            [
-                k.turn(turn_id),
-                k.queue(namespace),
-                k.lease(namespace),
-                k.retries,
-                k.running,
-                k.pending,
-                k.conversation(namespace),
-                k.events(turn_id),
-            ],
-            [turn_id, token, int(lease_ttl_s * 1000), worker],
-        )
+        keys = {
+            "turn": k.turn(turn_id),
+            "queue": k.queue(namespace),
+            "lease": k.lease(namespace),
+            "retries": k.retries,
+            "running": k.running,
+            "pending": k.pending,
+            "conversation": k.conversation(namespace),
+            "events": k.events(turn_id),
+        }
+        args = {
+            "turn_id": turn_id,
+            "token": token,
+            "lease_ms": int(lease_ttl_s * 1000),
+            "worker": worker,
+        }
+        reply = self._run(schema.CLAIM, keys, args)
         status = ClaimStatus(_text(reply[0]))
         if status is not ClaimStatus.CLAIMED:
             return Claim(status)
@@ -502,11 +523,20 @@ class TurnRecords:
         when it `ends_iteration`, drop that iteration's journal. False when the lease is no
         longer this turn's."""
         k = self._keys.for_namespace(namespace)
-        args: list[Any] = [turn_id, token, int(lease_ttl_s * 1000)]
+        args: dict[str, Any] = {
+            "turn_id": turn_id,
+            "token": token,
+            "lease_ms": int(lease_ttl_s * 1000),
+        }
         if frame is not None:
-            args += [frame, iteration, int(ends_iteration)]
-        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.events(turn_id)]
-        return bool(self._run("progress", keys, args))
+            args.update(frame=frame, iteration=iteration, ends_iteration=int(ends_iteration))
+        keys = {
+            "turn": k.turn(turn_id),
+            "lease": k.lease(namespace),
+            "running": k.running,
+            "events": k.events(turn_id),
+        }
+        return bool(self._run(schema.PROGRESS, keys, args))
 
     def hand_over(
         self, turn_id: str, namespace: str, token: str, *, worker: str, reason: str
@@ -515,9 +545,16 @@ class TurnRecords:
         its last persisted checkpoint; returns what to wake, or None when the lease was no
         longer this turn's."""
         k = self._keys.for_namespace(namespace)
-        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.pending, k.events(turn_id)]
-        reply = self._run("handover", keys, [turn_id, token, worker, reason])
-        if _text(reply[0]) != "ok":
+        keys = {
+            "turn": k.turn(turn_id),
+            "lease": k.lease(namespace),
+            "running": k.running,
+            "pending": k.pending,
+            "events": k.events(turn_id),
+        }
+        args = {"turn_id": turn_id, "token": token, "worker": worker, "reason": reason}
+        reply = self._run(schema.HANDOVER, keys, args)
+        if _text(reply[0]) != Outcome.OK:
             return None
         return Due(turn_id, namespace, _text(reply[1]), _text(reply[2]))
 
@@ -537,12 +574,25 @@ class TurnRecords:
         `requests` (JSON) with each (request id, kind), and journal fields not yet written.
         Returns the pause's expiry (server epoch ms), or 0 when the lease was not this turn's."""
         k = self._keys.for_namespace(namespace)
-        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.events(turn_id)]
-        keys += [k.deadlines, k.pauses]
-        args: list[Any] = [turn_id, token, int(ttl_s * 1000), frame, requests, len(kinds)]
-        args += [item for pair in kinds for item in pair]
-        args += [item for pair in journal.items() for item in pair]
-        return int(self._run("pause", keys, args))
+        keys = {
+            "turn": k.turn(turn_id),
+            "lease": k.lease(namespace),
+            "running": k.running,
+            "events": k.events(turn_id),
+            "deadlines": k.deadlines,
+            "pauses": k.pauses,
+        }
+        args = {
+            "turn_id": turn_id,
+            "token": token,
+            "ttl_ms": int(ttl_s * 1000),
+            "frame": frame,
+            "requests": requests,
+            "request_count": len(kinds),
+        }
+        rest: list[Any] = [item for pair in kinds for item in pair]
+        rest += [item for pair in journal.items() for item in pair]
+        return int(self._run(schema.PAUSE, keys, args, rest))
 
     def decide(
         self,
@@ -556,17 +606,32 @@ class TurnRecords:
         event: bytes,
     ) -> list[str]:
         """Record a decision on a paused turn's request (tasks/store/lua/decide.lua); the script's
-        reply as text ('recorded', 'resumed' with agent and conversation id, or a refusal)."""
+        reply as text (a schema.Decided first: recorded, resumed with agent and conversation
+        id, or a refusal)."""
         k = self._keys.for_namespace(namespace)
-        keys = [k.turn(turn_id), k.events(turn_id), k.deadlines, k.pauses, k.pending]
-        reply = self._run("decide", keys, [turn_id, request_id, decision, body, actor, event])
-        return [_text(item) for item in reply]
+        keys = {
+            "turn": k.turn(turn_id),
+            "events": k.events(turn_id),
+            "deadlines": k.deadlines,
+            "pauses": k.pauses,
+            "pending": k.pending,
+        }
+        args = {
+            "turn_id": turn_id,
+            "request_id": request_id,
+            "decision": decision,
+            "body": body,
+            "actor": actor,
+            "event": event,
+        }
+        return [_text(item) for item in self._run(schema.DECIDE, keys, args)]
 
     def keep_trace(self, turn_id: str, namespace: str, token: str, trace: str) -> str | None:
         """Record `trace` as the context the turn's attempts join, unless one is recorded;
         returns the one recorded, or None when the lease is no longer this turn's."""
         k = self._keys.for_namespace(namespace)
-        kept = self._run("trace", [k.turn(turn_id), k.lease(namespace)], [turn_id, token, trace])
+        keys = {"turn": k.turn(turn_id), "lease": k.lease(namespace)}
+        kept = self._run(schema.TRACE, keys, {"turn_id": turn_id, "token": token, "trace": trace})
         return _text(kept) if kept else None
 
     def write_journal(
@@ -582,9 +647,15 @@ class TurnRecords:
         """Write journal fields of the iteration in flight (tasks/store/journal.py), with an event
         in the same step when given; False when the lease is no longer this turn's."""
         k = self._keys.for_namespace(namespace)
-        keys = [k.turn(turn_id), k.lease(namespace), k.events(turn_id)]
+        keys = {"turn": k.turn(turn_id), "lease": k.lease(namespace), "events": k.events(turn_id)}
+        args = {
+            "turn_id": turn_id,
+            "token": token,
+            "event_type": event_type,
+            "event_data": event_data,
+        }
         flat = [item for pair in fields.items() for item in pair]
-        return bool(self._run("journal", keys, [turn_id, token, event_type, event_data, *flat]))
+        return bool(self._run(schema.JOURNAL, keys, args, flat))
 
     def progress(self, record: TurnRecord) -> AgentRunCheckpoint | None:
         """The turn's last persisted progress as a checkpoint (tasks/store/progress.py), reading the
@@ -595,21 +666,21 @@ class TurnRecords:
             stored = found if isinstance(found, bytes) else None
         return progress_checkpoint(record.checkpoint, record.frames, stored)
 
-    def _ending_keys(self, k: ShardKeys, turn_id: str, namespace: str) -> list[str]:
-        # The keys common.lua's end_turn reads as `k`, in its order.
-        return [
-            k.turn(turn_id),
-            k.lease(namespace),
-            k.running,
-            k.queue(namespace),
-            k.retries,
-            k.pending,
-            k.finished,
-            k.events(turn_id),
-            k.deadlines,
-            k.conversation(namespace),
-            k.pauses,
-        ]
+    def _ending_keys(self, k: ShardKeys, turn_id: str, namespace: str) -> dict[str, str]:
+        # The keys common.lua's end_turn reads (schema.ENDING_KEYS), by name.
+        return {
+            "turn": k.turn(turn_id),
+            "lease": k.lease(namespace),
+            "running": k.running,
+            "queue": k.queue(namespace),
+            "retries": k.retries,
+            "pending": k.pending,
+            "finished": k.finished,
+            "events": k.events(turn_id),
+            "deadlines": k.deadlines,
+            "conversation": k.conversation(namespace),
+            "pauses": k.pauses,
+        }
 
     def succeed(
         self,
@@ -624,8 +695,15 @@ class TurnRecords:
         """Store the conversation and end the turn, atomically."""
         k = self._keys.for_namespace(namespace)
         keys = self._ending_keys(k, turn_id, namespace)
-        args = [turn_id, token, envelope, result, ttl_s, k.turn_prefix]
-        return _ended(self._run("succeed", keys, args))
+        args = {
+            "turn_id": turn_id,
+            "token": token,
+            "envelope": envelope,
+            "result": result,
+            "ttl_s": ttl_s,
+            "turn_prefix": k.turn_prefix,
+        }
+        return _ended(self._run(schema.SUCCEED, keys, args))
 
     def schedule_retry(
         self,
@@ -641,9 +719,22 @@ class TurnRecords:
         """Park the turn until `delay_ms` from now by the server's clock; returns the due time
         (epoch ms), or 0 when the lease was no longer this turn's."""
         k = self._keys.for_namespace(namespace)
-        keys = [k.turn(turn_id), k.lease(namespace), k.running, k.retries, k.events(turn_id)]
-        args = [turn_id, token, delay_ms, next_attempt, checkpoint, error]
-        return int(self._run("retry", keys, args))
+        keys = {
+            "turn": k.turn(turn_id),
+            "lease": k.lease(namespace),
+            "running": k.running,
+            "retries": k.retries,
+            "events": k.events(turn_id),
+        }
+        args = {
+            "turn_id": turn_id,
+            "token": token,
+            "delay_ms": delay_ms,
+            "next_attempt": next_attempt,
+            "checkpoint": checkpoint,
+            "error": error,
+        }
+        return int(self._run(schema.RETRY, keys, args))
 
     def dead_letter(
         self,
@@ -659,22 +750,38 @@ class TurnRecords:
         """File the entry summary and end the turn, atomically (token '' for a turn that was
         never claimed). `checkpoint` replaces the record's when given."""
         k = self._keys.for_namespace(namespace)
-        keys = [*self._ending_keys(k, turn_id, namespace), k.dead_letters, k.dead_letter_index]
-        args = [turn_id, token, entry_id, entry, reason, checkpoint, k.turn_prefix]
-        return _ended(self._run("dead_letter", keys, args))
+        keys = self._ending_keys(k, turn_id, namespace)
+        keys.update(dead_letters=k.dead_letters, dead_letter_index=k.dead_letter_index)
+        args = {
+            "turn_id": turn_id,
+            "token": token,
+            "entry_id": entry_id,
+            "entry": entry,
+            "reason": reason,
+            "checkpoint": checkpoint,
+            "turn_prefix": k.turn_prefix,
+        }
+        return _ended(self._run(schema.DEAD_LETTER, keys, args))
 
     def cancel(self, turn_id: str, namespace: str, *, reason: str, ttl_s: int) -> Ended:
         """End an unfinished turn as cancelled, whatever its state and whoever runs it."""
         k = self._keys.for_namespace(namespace)
-        args = [turn_id, reason, ttl_s, k.turn_prefix]
-        return _ended(self._run("cancel", self._ending_keys(k, turn_id, namespace), args))
+        keys = self._ending_keys(k, turn_id, namespace)
+        args = {"turn_id": turn_id, "reason": reason, "ttl_s": ttl_s, "turn_prefix": k.turn_prefix}
+        return _ended(self._run(schema.CANCEL, keys, args))
 
     def take_due(
         self, shard: ShardKeys, index_key: str, *, limit: int, bump_ms: int, lag_ms: int = 0
     ) -> list[Due]:
         """Members of one of `shard`'s time indices due by the server's clock minus `lag_ms`,
         each pushed `bump_ms` later so another pump does not take it again meanwhile."""
-        flat = self._run("take_due", [index_key], [limit, bump_ms, lag_ms, shard.turn_prefix])
+        args = {
+            "limit": limit,
+            "bump_ms": bump_ms,
+            "lag_ms": lag_ms,
+            "turn_prefix": shard.turn_prefix,
+        }
+        flat = self._run(schema.TAKE_DUE, {"index": index_key}, args)
         return [Due(*(_text(v) for v in flat[i : i + 4])) for i in range(0, len(flat), 4)]
 
     def conversation_head(self, namespace: str) -> str | None:
@@ -693,7 +800,7 @@ class TurnRecords:
     def lease_holder(self, namespace: str) -> str | None:
         """The turn id holding the conversation's lease, or None."""
         k = self._keys.for_namespace(namespace)
-        holder = self.script("lease_holder")(keys=[k.lease(namespace)], args=[])
+        holder = self._run(schema.LEASE_HOLDER, {"lease": k.lease(namespace)}, {})
         return _text(holder) if holder else None
 
     def server_time_ms(self) -> int:
@@ -702,7 +809,7 @@ class TurnRecords:
 
 
 def _ended(reply: list[Any]) -> Ended:
-    if _text(reply[0]) != "ok":
+    if _text(reply[0]) != Outcome.OK:
         return Ended(False)
     head = reply[1] if len(reply) > 1 else None
     if not isinstance(head, list):

@@ -249,7 +249,7 @@ class AttemptTrace:
 
     @_never_raises
     def outcome(self, outcome: str, error: BaseException | None, reason: str, answer: str) -> None:
-        """What the attempt came to (tasks/turn/tasks.py, Outcome), on its span."""
+        """What the attempt came to (tasks/turn/outcomes.py, Outcome), on its span."""
         self._span.set_attribute("agentjobs.outcome", outcome)
         if reason:
             self._span.set_attribute("agentjobs.dead_letter.reason", reason)

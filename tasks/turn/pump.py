@@ -28,15 +28,15 @@ import orjson
 import redis
 from kombu.exceptions import ChannelError
 
+from tasks.core.errors import DeadlineExceeded, PauseExpired, Reason
 from tasks.core.keys import ShardKeys
 from tasks.core.redact import RedactingFilter
-from tasks.operate.control import end_overdue_turns
-from tasks.operate.people import end_expired_pauses
 from tasks.queue.app import app
 from tasks.queue.context import JobContext, job_context
 from tasks.queue.results import has_final_result, write_final_result
+from tasks.store.pending import pending_actions
 from tasks.store.records import Due, TurnState
-from tasks.turn.tasks import wake
+from tasks.turn import ending
 
 logger = logging.getLogger("agentjobs.pump")
 BATCH = 500
@@ -136,7 +136,7 @@ def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tic
     stall_ms = int(settings.stall_after_s * 1000)
 
     def wake_due(turn: Due) -> int:
-        wake(turn.turn_id, turn.namespace or None, turn.agent, turn.conversation_id)
+        ending.wake(ctx, turn.turn_id, turn.namespace or None, turn.agent, turn.conversation_id)
         return 1
 
     def wake_expired(turn: Due) -> int:
@@ -147,7 +147,7 @@ def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tic
         if records.lease_holder(record.namespace) == turn.turn_id:
             return 0  # its renewal is late but the lease still stands
         logger.warning("turn %s lost its worker; waking it to resume", turn.turn_id)
-        wake(turn.turn_id, record.namespace, record.agent, record.conversation_id)
+        ending.wake(ctx, turn.turn_id, record.namespace, record.agent, record.conversation_id)
         return 1
 
     def wake_stalled(turn: Due) -> int:
@@ -157,7 +157,9 @@ def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tic
             return 0
         at_head = records.conversation_head(record.namespace) == turn.turn_id
         if (not record.namespace or at_head) and records.lease_holder(record.namespace) is None:
-            wake(turn.turn_id, record.namespace or None, record.agent, record.conversation_id)
+            ending.wake(
+                ctx, turn.turn_id, record.namespace or None, record.agent, record.conversation_id
+            )
             return 1
         return 0
 
@@ -200,10 +202,52 @@ def wake_orphans(ctx: JobContext) -> int:
         if turns:
             logger.warning("worker %s stopped; waking %d turns it held", name.decode(), len(turns))
         for turn_id, namespace in turns:
-            wake(turn_id, namespace or None)
+            ending.wake(ctx, turn_id, namespace or None)
             woken += 1
         ctx.redis.hdel(ctx.keys.workers, name)
     return woken
+
+
+def end_overdue_turns(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
+    """Dead-letter the shard's unfinished turns past their deadline, even one whose worker is
+    stuck in a tool forever: the conversation moves on. Returns how many."""
+
+    def end_overdue(due: Due) -> int:
+        record = ctx.records.get(due.turn_id, due.namespace)
+        if record is None or record.state.terminal:
+            ctx.redis.zrem(shard.deadlines, due.turn_id)
+            return 0
+        error = DeadlineExceeded(record.turn_id, str(record.state))
+        ended = ending.dead_letter(ctx, record, "", Reason.DEADLINE_EXCEEDED, error)
+        if ended is None:
+            return 0
+        logger.warning(
+            "turn %s passed its deadline while %s: %s", record.turn_id, record.state, ended.entry_id
+        )
+        return 1
+
+    overdue = ctx.records.take_due(shard, shard.deadlines, limit=limit, bump_ms=5000)
+    return ctx.records.sweep(overdue, end_overdue)
+
+
+def end_expired_pauses(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
+    """Dead-letter the shard's paused turns nobody decided on in time (pause_expired); the
+    conversation moves on. Returns how many."""
+
+    def end_expired(due: Due) -> int:
+        record = ctx.records.get(due.turn_id, due.namespace)
+        if record is None or record.state is not TurnState.PAUSED:
+            ctx.redis.zrem(shard.pauses, due.turn_id)
+            return 0
+        error = PauseExpired(record.turn_id, len(pending_actions(record)))
+        ended = ending.dead_letter(ctx, record, "", Reason.PAUSE_EXPIRED, error)
+        if ended is None:
+            return 0
+        logger.warning("turn %s: its pause expired undecided: %s", record.turn_id, ended.entry_id)
+        return 1
+
+    expired = ctx.records.take_due(shard, shard.pauses, limit=limit, bump_ms=5000)
+    return ctx.records.sweep(expired, end_expired)
 
 
 def pump_once(ctx: JobContext, backlog: BrokerBacklog | None = None) -> Tick:

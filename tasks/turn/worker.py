@@ -59,8 +59,8 @@ from tasks.core.payload import check_turn_id, registration_of
 from tasks.queue.app import app
 from tasks.queue.context import JobContext, job_context
 from tasks.store.leases import RENEWALS_PER_TTL
+from tasks.turn import ending
 from tasks.turn.registry import check_agents
-from tasks.turn.tasks import wake
 
 logger = logging.getLogger("agentjobs.worker")
 
@@ -146,14 +146,13 @@ def revoke(
     (every worker gets the broadcast; the first cancels, the rest find it ended). Revoking
     only in worker memory would leave the conversation waiting on a turn that never ends,
     and lose the revoke at the next restart. Other task ids are revoked as Celery does."""
-    from tasks.operate.control import cancel_turn
-
     ctx = job_context()
     others = []
     for one in maybe_list(task_id) or []:
-        if ctx.records.readable(str(one)) is None:
+        record = ctx.records.readable(str(one))
+        if record is None:
             others.append(one)
-        elif cancel_turn(str(one), reason="revoked"):
+        elif not record.state.terminal and ending.cancel(ctx, record, reason="revoked"):
             logger.info("turn %s revoked: cancelled", one)
     if others:
         return _celery_revoke(state, others, terminate, signal, **kwargs)
@@ -199,15 +198,13 @@ def hand_over_held(ctx: JobContext, worker: str) -> list[str]:
     handed = []
     for held in ctx.leases.held():
         try:
-            woken = ctx.records.hand_over(
-                held.turn_id, held.namespace, held.token, worker=worker, reason="grace_expired"
-            )
+            record = ctx.records.get(held.turn_id, held.namespace)
+            if record is not None and ending.hand_over(
+                ctx, record, held.token, worker=worker, reason="grace_expired", patient=False
+            ):
+                handed.append(held.turn_id)
         except redis.RedisError as exc:  # its lease runs out and the pump wakes it
             logger.warning("could not hand over turn %s: %s", held.turn_id, exc)
-            continue
-        if woken is not None:
-            wake(woken.turn_id, woken.namespace, woken.agent, woken.conversation_id)
-            handed.append(held.turn_id)
     return handed
 
 
@@ -217,7 +214,7 @@ def wake_prefetched() -> int:
     comes back later is dropped by the turn record."""
     turns = prefetched_turns()
     for turn_id, namespace in turns:
-        wake(turn_id, namespace or None)
+        ending.wake(job_context(), turn_id, namespace or None)
     return len(turns)
 
 

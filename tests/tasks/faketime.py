@@ -6,7 +6,7 @@ from __future__ import annotations
 import glob
 import os
 
-from tasks.testing import ROOT
+from tests.conftest import ROOT
 
 IN_CI = os.environ.get("CI") == "true"
 

@@ -10,8 +10,9 @@ import pytest
 
 from agent import AgentRunCheckpoint
 from tasks import TurnDeadLettered, app, load_conversation, run_turn
+from tasks.core.namespaces import namespace_for
 from tasks.queue.context import job_context
-from tasks.store.conversations import envelope_bytes, namespace_for
+from tasks.store.conversations import envelope_bytes
 from tasks.testing import wait_until
 
 

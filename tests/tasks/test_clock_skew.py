@@ -1,4 +1,4 @@
-"""Clock skew (issue 8, item 7; docs/operations.md, "Scale out"): leases, due times and
+"""Clock skew (docs/operations.md, "Scale out"): leases, due times and
 deadlines come from the Redis server's clock, so a pump and workers whose clocks disagree by
 seconds still agree on when a retry is due and when a lease has run out.
 

@@ -243,7 +243,7 @@ def test_a_worker_with_a_bad_setting_refuses_to_start_in_one_line(make_jobs: Any
     import subprocess
     import sys
 
-    from tasks.testing import ROOT
+    from tests.conftest import ROOT
 
     jobs = make_jobs()
     for variable, value in (("AGENTJOBS_LEASE_TTL_S", "soon"), ("AGENTJOBS_AGENTS", "nameless")):

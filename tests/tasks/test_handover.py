@@ -1,4 +1,4 @@
-"""Deploys hand turns over (issue 10, item 9): a worker told to stop (SIGTERM) takes no more
+"""Deploys hand turns over: a worker told to stop (SIGTERM) takes no more
 turns, hands each running turn over at its next check point so that another worker goes on
 from its last checkpoint at once, and exits within AGENTJOBS_SHUTDOWN_GRACE_S; a turn stuck in
 a tool past the grace is handed over as last persisted when the grace runs out.

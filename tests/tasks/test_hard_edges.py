@@ -19,6 +19,7 @@ from tasks import (
 )
 from tasks.queue.context import job_context
 from tasks.testing import wait_until
+from tasks.turn.ending import replay_dead_letter
 
 A = {"tenant": "acme", "principal": "u-1"}
 B = {"tenant": "beta", "principal": "u-9"}
@@ -181,7 +182,7 @@ def test_a_replayed_dead_letter_starts_at_once_without_a_pump(make_jobs: Any) ->
     with pytest.raises(TurnDeadLettered) as ended:
         failed.get(timeout=30)
     started = time.monotonic()
-    replayed = job_context().dead_letters.replay(ended.value.entry_id)
+    replayed = replay_dead_letter(job_context(), ended.value.entry_id)
     wait_until(
         lambda: (s := turn_status(replayed.turn_id)) is not None and s.state.terminal,
         10,

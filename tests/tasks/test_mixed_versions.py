@@ -13,8 +13,9 @@ from click.testing import CliRunner
 from agent import AgentRunCheckpoint
 from tasks import TurnDeadLettered, app, load_conversation, run_turn
 from tasks.cli import main
+from tasks.core.namespaces import namespace_for
 from tasks.queue.context import job_context
-from tasks.store.conversations import envelope_bytes, namespace_for
+from tasks.store.conversations import envelope_bytes
 
 FUTURE_TOP = {"futurePlanner": {"steps": [1, 2, {"deep": "é\u2028"}], "v": 3.5}}
 FUTURE_MESSAGE = {"futureAnnotations": [{"kind": "citation", "span": [0, 4]}]}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tasks import app, load_conversation, run_turn
-from tasks.testing import ROOT
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Recovery with the default lease (issue 8, item 8): after a worker's main process is
+"""Recovery with the default lease: after a worker's main process is
 SIGKILLed, its running turn starts again on another worker within the lease (10 s), a pump
 tick and some slack; so does a queued turn whose message that worker held prefetched and
 never started, woken because the worker's heartbeat stopped (turn/worker.py, turn/pump.py

@@ -29,9 +29,9 @@ from kombu import pools
 
 from tasks import app, approve_action, load_conversation, run_turn, turn_status
 from tasks.core.errors import TurnDeadLettered
+from tasks.core.state_url import celery_sentinel
 from tasks.operate.inspect import stats
 from tasks.queue.context import job_context, reset
-from tasks.store.client import celery_sentinel
 from tasks.store.records import TurnState
 from tasks.testing import (
     Process,
@@ -43,6 +43,7 @@ from tasks.testing import (
     start_worker,
     wait_until,
 )
+from tasks.turn.ending import replay_dead_letter
 from tests.tasks.conftest import configure_client, job_env
 
 pytestmark = pytest.mark.integration
@@ -253,7 +254,7 @@ def test_dead_letter_then_replay(scaled: Scaled) -> None:
     assert failed.value.reason == "max_attempts"
     dead = job_context().dead_letters
     assert [e["id"] for e in dead.list_entries()] == [failed.value.entry_id]
-    replayed = dead.replay(failed.value.entry_id)
+    replayed = replay_dead_letter(job_context(), failed.value.entry_id)
     assert replayed.resumed_from_checkpoint
     reply = app.AsyncResult(replayed.turn_id).get(timeout=45)
     assert reply["content"] == "Done: m fail:503x2"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tasks.core.settings import Settings, SettingsError, load_settings, parse_agents
-from tasks.testing import ROOT
+from tests.conftest import ROOT
 
 KEY = "sk-test-Settings0123456789SECRET"
 

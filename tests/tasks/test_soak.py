@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tasks.testing import ROOT
+from tests.conftest import ROOT
 
 SOAK_TIMEOUT_S = 600
 # Every check bench/soak.py prints (the first words of each).

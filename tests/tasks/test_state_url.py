@@ -16,8 +16,10 @@ from kombu import Connection
 
 from tasks import state
 from tasks.core.settings import SettingsError, load_settings
-from tasks.store.client import StateTarget, celery_sentinel, lost_state, parse_state_url
-from tasks.testing import ROOT, free_port
+from tasks.core.state_url import StateTarget, celery_sentinel, parse_state_url
+from tasks.store.client import lost_state
+from tasks.testing import free_port
+from tests.conftest import ROOT
 
 
 def test_every_url_form_parses() -> None:

@@ -79,14 +79,13 @@ def file_entries(records: TurnRecords, count: int, checkpoint_bytes: int) -> Non
 def test_listing_dead_letters_reads_summaries_not_checkpoints(
     redis_server: RedisServer,
 ) -> None:
-    from tasks.store.conversations import ConversationStore
     from tasks.store.dead_letters import DeadLetterStore
 
     client = redis.Redis.from_url(redis_server.url)
     client.flushdb()
     keys = Keys("bounds", 16)
     records = TurnRecords(client, keys)
-    store = DeadLetterStore(client, records, ConversationStore(client, keys), 3600)
+    store = DeadLetterStore(client, records, 3600)
     file_entries(records, count=200, checkpoint_bytes=50_000)  # 10 MB of checkpoints
 
     def bytes_sent(action: Any) -> int:

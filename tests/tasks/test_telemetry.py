@@ -16,7 +16,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from tasks import run_turn
 from tasks.queue.context import job_context
-from tasks.testing import ROOT, wait_until
+from tasks.testing import wait_until
+from tests.conftest import ROOT
 
 TRACED = "traced=tests.tasks.traced_agents:build_traced_agent"
 # A tool round, then a 503 (a retry), then the answer: two attempts, three model calls, one tool.

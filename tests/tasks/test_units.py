@@ -9,8 +9,9 @@ import pytest
 
 from agent import AgentRunCheckpoint, CheckpointFormatError
 from tasks.core.errors import BadPayload, TurnDeadLettered, UnreadableConversation
+from tasks.core.namespaces import namespace_for
 from tasks.core.payload import parse_payload, registration_of
-from tasks.store.conversations import envelope_bytes, namespace_for, read_envelope
+from tasks.store.conversations import envelope_bytes, read_envelope
 
 CHECKPOINT = {
     "version": 1,

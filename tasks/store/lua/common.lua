@@ -1,6 +1,11 @@
--- Shared by every script (tasks/records.py puts it in front of each). The one place that
+-- Shared by every script (tasks/store/records.py puts it in front of each). The one place that
 -- encodes a lease and reads the server's clock (docs/operations.md, "Scale out": leases, due
 -- times and deadlines come from the Redis server's clock, not a worker's).
+--
+-- Before it comes the prelude generated from tasks/core/schema.py (lua_prelude): STATE,
+-- TERMINAL, EVENT, F (record fields), FP (field prefixes), EF (event stream fields), COUNTER,
+-- and the script's own R (replies), K (KEYS by name), A (ARGV by name) and REST. Names only:
+-- no state, event, field or reply is spelled as a string here or in a script.
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -25,75 +30,68 @@ local function lease_holder(lease_key)
 end
 
 local function is_terminal(state)
-  return state == 'succeeded' or state == 'dead_lettered' or state == 'cancelled'
+  return TERMINAL[state] == true
 end
 
--- Count one thing a script did in its shard's counters hash (tasks/keys.py, ShardKeys.counters),
--- in the same step as the change it counts. The hash is named from any turn key of the shard
--- ('{prefix}:{<shard>}:turn:<id>', the prefix has no braces): one slot with the keys the script
--- holds, and no script's KEYS change for it.
+-- Count one thing a script did in its shard's counters hash (tasks/core/keys.py,
+-- ShardKeys.counters), in the same step as the change it counts. The hash is named from any
+-- turn key of the shard ('{prefix}:{<shard>}:turn:<id>', the prefix has no braces): one slot
+-- with the keys the script holds, and no script's KEYS change for it.
 local function count(turn_key, name, by)
   redis.call('HINCRBY', string.match(turn_key, '^(.-}):turn:') .. ':counters', name, by or 1)
 end
 
 -- When a queued turn became runnable (the head of its conversation, nothing running ahead of
--- it): `agentjobs metrics` reports the oldest such turn's age (tasks/inspect.py).
+-- it): `agentjobs metrics` reports the oldest such turn's age (tasks/operate/inspect.py).
 local function mark_runnable(turn_key, now)
   if redis.call('EXISTS', turn_key) == 1 then
-    redis.call('HSET', turn_key, 'runnable_at_ms', now)
+    redis.call('HSET', turn_key, F.runnable_at_ms, now)
   end
 end
 
--- The keys end_turn reads, in the order tasks/records.py passes them first.
-local function ending_keys()
-  return {turn = KEYS[1], lease = KEYS[2], running = KEYS[3], queue = KEYS[4],
-    retries = KEYS[5], pending = KEYS[6], finished = KEYS[7], events = KEYS[8],
-    deadlines = KEYS[9], conversation = KEYS[10], pauses = KEYS[11]}
-end
-
--- A turn's progress frames (tasks/progress.py): fields frame:1 .. frame:<frames>.
+-- A turn's progress frames (tasks/store/progress.py): fields frame:1 .. frame:<frames>.
 local function add_frame(turn_key, frame)
-  local n = redis.call('HINCRBY', turn_key, 'frames', 1)
-  redis.call('HSET', turn_key, 'frame:' .. n, frame)
+  local n = redis.call('HINCRBY', turn_key, F.frames, 1)
+  redis.call('HSET', turn_key, FP.frame .. n, frame)
 end
 
 local function clear_frames(turn_key)
-  local n = tonumber(redis.call('HGET', turn_key, 'frames') or '0')
-  for i = 1, n do redis.call('HDEL', turn_key, 'frame:' .. i) end
-  redis.call('HDEL', turn_key, 'frames', 'base')
+  local n = tonumber(redis.call('HGET', turn_key, F.frames) or '0')
+  for i = 1, n do redis.call('HDEL', turn_key, FP.frame .. i) end
+  redis.call('HDEL', turn_key, F.frames, F.base)
 end
 
 -- Replace a turn's progress with a whole checkpoint (a retry's, a dead letter's).
 local function set_checkpoint(turn_key, checkpoint)
   clear_frames(turn_key)
-  redis.call('HSET', turn_key, 'checkpoint', checkpoint)
+  redis.call('HSET', turn_key, F.checkpoint, checkpoint)
 end
 
 -- Frames that build on the stored conversation keep a copy of it once the turn ends, since
 -- the conversation moves on with the next turn.
 local function keep_base(turn_key, conversation_key)
-  if redis.call('HEXISTS', turn_key, 'frames') == 0 then return end
-  if redis.call('HEXISTS', turn_key, 'checkpoint') == 1 then return end
+  if redis.call('HEXISTS', turn_key, F.frames) == 0 then return end
+  if redis.call('HEXISTS', turn_key, F.checkpoint) == 1 then return end
   local stored = redis.call('GET', conversation_key)
-  if stored then redis.call('HSET', turn_key, 'base', stored) end
+  if stored then redis.call('HSET', turn_key, F.base, stored) end
 end
 
--- The journal of the iteration in flight (tasks/journal.py): journal:response and
+-- The journal of the iteration in flight (tasks/store/journal.py): journal:response and
 -- journal:<index> for each call that started, journal:calls holding how many calls it has.
 -- journal:requests (a pause's requests, JSON) and journal:request_ids belong to it too.
 local function clear_journal(turn_key)
-  local n = tonumber(redis.call('HGET', turn_key, 'journal:calls') or '0')
-  for i = 0, n - 1 do redis.call('HDEL', turn_key, 'journal:' .. i) end
-  redis.call('HDEL', turn_key, 'journal:response', 'journal:calls', 'journal:requests',
-    'journal:request_ids')
+  local n = tonumber(redis.call('HGET', turn_key, F.journal_calls) or '0')
+  for i = 0, n - 1 do redis.call('HDEL', turn_key, FP.journal .. i) end
+  redis.call('HDEL', turn_key, F.journal_response, F.journal_calls, F.journal_requests,
+    F.journal_request_ids)
 end
 
 -- Append one event to a turn's stream, in the same step as the record change it reports
--- (docs/operations.md, "Events"). `data` is a table, written as a JSON object.
+-- (docs/operations.md, "Events"). `data_json` is a JSON object; `emit` takes a table.
 local function emit_json(events_key, turn_key, now, event_type, data_json)
-  local at = redis.call('HMGET', turn_key, 'attempt', 'iteration')
-  redis.call('XADD', events_key, '*', 'type', event_type, 'attempt', at[1] or '1',
-    'iteration', at[2] or '0', 'at', now, 'data', data_json)
+  local at = redis.call('HMGET', turn_key, F.attempt, F.iteration)
+  redis.call('XADD', events_key, '*', EF.type, event_type, EF.attempt, at[1] or '1',
+    EF.iteration, at[2] or '0', EF.at, now, EF.data, data_json)
 end
 
 local function emit(events_key, turn_key, now, event_type, data)
@@ -102,19 +100,20 @@ end
 
 -- End a turn: mark it `state` with `fields`, drop it from every live index, release its lease
 -- (when it held it), take it off its conversation's queue, write its terminal event and mark
--- the next head as woken now. Returns the next head's turn id and agent, or false. The one
--- place a turn ends, so the one place endings are counted.
-local function end_turn(k, turn_id, state, now, fields, event_type, event_data)
-  redis.call('HSET', k.turn, 'state', state, 'finished_at_ms', now, 'updated_at_ms', now,
+-- the next head as woken now. `k` holds the keys of schema.ENDING_KEYS by name (the script's
+-- K); `turn_prefix` names the next head's record. Returns the next head's turn id and agent,
+-- or false. The one place a turn ends, so the one place endings are counted.
+local function end_turn(k, turn_prefix, turn_id, state, now, fields, event_type, event_data)
+  redis.call('HSET', k.turn, F.state, state, F.finished_at_ms, now, F.updated_at_ms, now,
     unpack(fields))
-  count(k.turn, 'finished:' .. state)
-  if state == 'dead_lettered' then
-    count(k.turn, 'dead_lettered:' .. (redis.call('HGET', k.turn, 'reason') or ''))
+  count(k.turn, COUNTER.FINISHED .. state)
+  if state == STATE.DEAD_LETTERED then
+    count(k.turn, COUNTER.DEAD_LETTERED .. (redis.call('HGET', k.turn, F.reason) or ''))
   end
   clear_journal(k.turn)
   keep_base(k.turn, k.conversation)
   emit(k.events, k.turn, now, event_type, event_data)
-  redis.call('HDEL', k.turn, 'token')
+  redis.call('HDEL', k.turn, F.token)
   if lease_holder(k.lease) == turn_id then redis.call('DEL', k.lease) end
   redis.call('ZREM', k.running, turn_id)
   redis.call('ZREM', k.retries, turn_id)
@@ -126,6 +125,6 @@ local function end_turn(k, turn_id, state, now, fields, event_type, event_data)
   local head = redis.call('LINDEX', k.queue, 0)
   if not head then return false end
   redis.call('ZADD', k.pending, 'XX', now, head)
-  mark_runnable(k.turn_prefix .. head, now)
-  return {head, redis.call('HGET', k.turn_prefix .. head, 'agent') or ''}
+  mark_runnable(turn_prefix .. head, now)
+  return {head, redis.call('HGET', turn_prefix .. head, F.agent) or ''}
 end

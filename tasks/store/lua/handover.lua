@@ -3,22 +3,20 @@
 -- again at the head of its conversation with its last persisted checkpoint, and the claim that
 -- takes it up continues this delivery instead of counting a new one (a deploy must not push a
 -- turn toward `poison`). Fenced by the lease token.
--- -> {'ok', agent, conversation_id} | {'lost'} (the lease is no longer this turn's)
-local turn_key, lease_key, running_key, pending_key, events_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local turn_id, token, worker, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- -> {ok, agent, conversation_id} | {lost} (the lease is no longer this turn's)
+local turn_id = A.turn_id
 
-if not holds_lease(lease_key, turn_id, token) then return {'lost'} end
+if not holds_lease(K.lease, turn_id, A.token) then return {R.LOST} end
 local now = now_ms()
-redis.call('HSET', turn_key, 'state', 'queued', 'handed_over', 1, 'updated_at_ms', now)
-redis.call('HINCRBY', turn_key, 'handovers', 1)
-mark_runnable(turn_key, now)
-count(turn_key, 'handovers')
-redis.call('HDEL', turn_key, 'token')
-redis.call('DEL', lease_key)
-redis.call('ZREM', running_key, turn_id)
+redis.call('HSET', K.turn, F.state, STATE.QUEUED, F.handed_over, 1, F.updated_at_ms, now)
+redis.call('HINCRBY', K.turn, F.handovers, 1)
+mark_runnable(K.turn, now)
+count(K.turn, COUNTER.HANDOVERS)
+redis.call('HDEL', K.turn, F.token)
+redis.call('DEL', K.lease)
+redis.call('ZREM', K.running, turn_id)
 -- Should its wake-up be lost, the pump wakes a queued head that nobody started.
-redis.call('ZADD', pending_key, now, turn_id)
-emit(events_key, turn_key, now, 'turn.handed_over', {worker = worker, reason = reason})
-local named = redis.call('HMGET', turn_key, 'agent', 'conversation_id')
-return {'ok', named[1] or '', named[2] or ''}
+redis.call('ZADD', K.pending, now, turn_id)
+emit(K.events, K.turn, now, EVENT.TURN_HANDED_OVER, {worker = A.worker, reason = A.reason})
+local named = redis.call('HMGET', K.turn, F.agent, F.conversation_id)
+return {R.OK, named[1] or '', named[2] or ''}

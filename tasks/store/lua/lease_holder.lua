@@ -1,2 +1,2 @@
 -- The turn id holding a conversation's lease, or false.
-return lease_holder(KEYS[1])
+return lease_holder(K.lease)

@@ -1,40 +1,38 @@
 -- A running turn waits for a person (docs/operations.md, "People in the loop"): keep its
 -- progress and its paused iteration, release the lease and the worker, hold its place at the
 -- head of the conversation, and stop its deadline's clock until it resumes.
--- ARGV: turn_id, token, ttl_ms, frame, requests (JSON, shown as they are), request count n,
--- then n pairs (request id, kind), then journal field/value pairs (the response, when no call
--- of it had started). -> the pause's expiry (server epoch ms), or 0 for a stale worker.
-local turn_key, lease_key, running_key, events_key, deadlines_key, pauses_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local turn_id, token, ttl_ms, frame, requests, n =
-  ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
+-- ARGV: the named ones (A), then from REST on request_count pairs (request id, kind), then
+-- journal field/value pairs (the response, when no call of it had started).
+-- -> the pause's expiry (server epoch ms), or 0 for a stale worker.
+local turn_id, frame, requests = A.turn_id, A.frame, A.requests
+local ttl_ms, n = tonumber(A.ttl_ms), tonumber(A.request_count)
 
-if not holds_lease(lease_key, turn_id, token) then return 0 end
+if not holds_lease(K.lease, turn_id, A.token) then return 0 end
 local now = now_ms()
 local expires = now + ttl_ms
-if frame ~= '' then add_frame(turn_key, frame) end
+if frame ~= '' then add_frame(K.turn, frame) end
 local ids = {}
 for i = 0, n - 1 do
-  local request_id, kind = ARGV[7 + 2 * i], ARGV[8 + 2 * i]
-  redis.call('HSET', turn_key, 'request:' .. request_id, kind)
+  local request_id, kind = ARGV[REST + 2 * i], ARGV[REST + 1 + 2 * i]
+  redis.call('HSET', K.turn, FP.request .. request_id, kind)
   ids[#ids + 1] = request_id
 end
-local rest = 7 + 2 * n
-if #ARGV >= rest then redis.call('HSET', turn_key, unpack(ARGV, rest)) end
-redis.call('HSET', turn_key, 'state', 'paused', 'handed_over', 1, 'journal:requests', requests,
-  'journal:request_ids', table.concat(ids, ' '), 'paused_at_ms', now,
-  'pause_expires_at_ms', expires, 'updated_at_ms', now)
+local journal_from = REST + 2 * n
+if #ARGV >= journal_from then redis.call('HSET', K.turn, unpack(ARGV, journal_from)) end
+redis.call('HSET', K.turn, F.state, STATE.PAUSED, F.handed_over, 1, F.journal_requests, requests,
+  F.journal_request_ids, table.concat(ids, ' '), F.paused_at_ms, now,
+  F.pause_expires_at_ms, expires, F.updated_at_ms, now)
 -- (handed_over: the claim after the pause continues this delivery; a pause is no crash.)
 -- Time paused does not count toward the deadline: keep what is left of it.
-local deadline = redis.call('ZSCORE', deadlines_key, turn_id)
+local deadline = redis.call('ZSCORE', K.deadlines, turn_id)
 if deadline then
-  redis.call('HSET', turn_key, 'deadline_left_ms', math.max(0, tonumber(deadline) - now))
-  redis.call('ZREM', deadlines_key, turn_id)
+  redis.call('HSET', K.turn, F.deadline_left_ms, math.max(0, tonumber(deadline) - now))
+  redis.call('ZREM', K.deadlines, turn_id)
 end
-redis.call('HDEL', turn_key, 'token')
-redis.call('DEL', lease_key)
-redis.call('ZREM', running_key, turn_id)
-redis.call('ZADD', pauses_key, expires, turn_id)
-count(turn_key, 'pauses')
-emit_json(events_key, turn_key, now, 'turn.paused', '{"pending":' .. requests .. '}')
+redis.call('HDEL', K.turn, F.token)
+redis.call('DEL', K.lease)
+redis.call('ZREM', K.running, turn_id)
+redis.call('ZADD', K.pauses, expires, turn_id)
+count(K.turn, COUNTER.PAUSES)
+emit_json(K.events, K.turn, now, EVENT.TURN_PAUSED, '{"pending":' .. requests .. '}')
 return expires

@@ -1,0 +1,190 @@
+"""The job system's side of a run: the check points the runtime calls (agent.RunHooks), as one
+attempt of a turn keeps them.
+
+    before_model_call  the turn still ours? (a lease renewal, except on the attempt's first
+                       call, which follows the claim at once); a worker shutting down hands
+                       the turn over here, before it pays for another call
+    on_response        the response is journaled with its first call's start (no round trip)
+    before_tool_call   the call's start journaled, with its `tool.started` event; a turn no
+                       longer ours does not run the tool; shutting down hands the turn over
+    after_tool_call    the call's outcome journaled, with its `tool.finished` event
+    after_progress     a frame of the progress written before the loop goes on (persist, then
+                       proceed); a seed a fresh start would rebuild is not written
+
+A check point steers the run by what it returns (agent/hooks.py): None goes on; LeaseLost
+(this delivery no longer holds the turn) or HandedOver (the worker is shutting down) stops the
+run with RunStopped, which tasks/turn/outcomes.py reads. Writes wait for a store that refuses
+them for a while (tasks/turn/ending.py, `patiently`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import orjson
+
+from agent import (
+    AgentRunCheckpoint,
+    ModelCallReport,
+    ProgressKind,
+    ProgressReport,
+    ResponseReport,
+    RunHooks,
+    ToolCallPhase,
+    ToolCallReport,
+)
+from tasks.core.errors import HandedOver, LeaseLost
+from tasks.core.schema import Event
+from tasks.queue.context import JobContext
+from tasks.queue.results import RUNNING, report_state
+from tasks.store.journal import call_fields, response_fields
+from tasks.store.progress import FrameWriter
+from tasks.store.records import TurnRecord
+from tasks.telemetry.tracing import AttemptTrace
+from tasks.turn import ending
+
+_TOOL_EVENTS = {
+    ToolCallPhase.STARTED: Event.TOOL_STARTED,
+    ToolCallPhase.FINISHED: Event.TOOL_FINISHED,
+}
+
+
+class TurnCheckpoints(RunHooks):
+    """One attempt's check points, and what they keep: the progress frames, the iteration in
+    flight, the journaled response, the attempt's spans and its RUNNING mirror."""
+
+    def __init__(self, ctx: JobContext, record: TurnRecord, token: str) -> None:
+        self.ctx = ctx
+        self.record = record
+        self.turn_id = record.turn_id
+        self.namespace = record.namespace
+        self.token = token
+        self.attempt = record.attempt
+        self.last_checkpoint: AgentRunCheckpoint | None = None
+        self.frames = FrameWriter(None)
+        # The turn's iteration in flight, across attempts: each completed round starts the next.
+        self.iteration = record.iteration or 1
+        self.journal_lock = threading.Lock()
+        self.unwritten_response: dict[str, bytes] | None = None
+        self.report_lock = threading.Lock()
+        self.outcome_decided = False
+        self.reported_iteration = 0
+        # The attempt's spans (tasks/telemetry/tracing.py); None when not tracing.
+        self.trace: AttemptTrace | None = None
+
+    def start_from(self, checkpoint: AgentRunCheckpoint | None) -> None:
+        """The progress the run starts from: later frames hold what changed since."""
+        self.last_checkpoint = checkpoint
+        self.frames = FrameWriter(checkpoint)
+
+    def _write(self, write: Any, *args: Any, **kwargs: Any) -> Any:
+        return ending.patiently(self.ctx, self.record, write, *args, **kwargs)
+
+    def _renew(self, **progress: Any) -> bool:
+        lease_ttl_s = self.ctx.settings.lease_ttl_s
+        records = self.ctx.records
+        return bool(
+            self._write(
+                records.renew, self.turn_id, self.namespace, self.token, lease_ttl_s, **progress
+            )
+        )
+
+    # -- the check points ----------------------------------------------------------------------
+
+    def before_model_call(self, report: ModelCallReport) -> LeaseLost | None:
+        if self.ctx.leases.draining:
+            return HandedOver(self.turn_id)
+        if not report.first_call and not self._renew():
+            return LeaseLost(self.turn_id)
+        if self.trace is not None:  # past the check point: the call is made
+            self.trace.model_call(report)
+        return None
+
+    def after_model_call(self, report: ModelCallReport) -> None:
+        if self.trace is not None:
+            self.trace.model_call(report)
+        return None
+
+    def on_response(self, report: ResponseReport) -> None:
+        with self.journal_lock:
+            self.unwritten_response = response_fields(report)
+        if self.trace is not None:
+            self.trace.response(report)
+        return None
+
+    def before_tool_call(self, report: ToolCallReport) -> LeaseLost | None:
+        if self.ctx.leases.draining:
+            return HandedOver(self.turn_id)
+        if not self._journal(report):
+            return LeaseLost(self.turn_id)
+        if self.trace is not None:  # the start is journaled: the call runs
+            self.trace.tool_call(report)
+        return None
+
+    def after_tool_call(self, report: ToolCallReport) -> LeaseLost | None:
+        if self.trace is not None:
+            self.trace.tool_call(report)
+        return None if self._journal(report) else LeaseLost(self.turn_id)
+
+    def after_progress(self, report: ProgressReport) -> LeaseLost | None:
+        self.last_checkpoint = report.checkpoint
+        if report.rebuildable:
+            return None
+        ends_iteration = report.kind is ProgressKind.ROUND
+        if ends_iteration:
+            self.iteration += 1
+        frame = self.frames.frame(report.checkpoint)
+        if not self._renew(frame=frame, iteration=self.iteration, ends_iteration=ends_iteration):
+            return LeaseLost(self.turn_id)
+        if ends_iteration:
+            self.report_running()
+        return None
+
+    # -- what they keep ------------------------------------------------------------------------
+
+    def _journal(self, report: ToolCallReport) -> bool:
+        """A tool call's start (its key and attempt) or outcome in the journal, with its event
+        in the turn's stream, in one step; the response it belongs to goes with the first
+        start. Held while writing: a parallel call starts only once the response is in."""
+        data: dict[str, Any] = {"tool": report.tool, "toolCallId": report.tool_call_id}
+        if report.phase is ToolCallPhase.FINISHED:
+            data["ok"] = bool(report.ok)
+        with self.journal_lock:
+            fields = {**(self.unwritten_response or {}), **call_fields(report)}
+            written = self._write(
+                self.ctx.records.write_journal,
+                self.turn_id,
+                self.namespace,
+                self.token,
+                fields,
+                event_type=_TOOL_EVENTS[report.phase],
+                event_data=orjson.dumps(data),
+            )
+            if written:
+                self.unwritten_response = None
+        return bool(written)
+
+    def take_unwritten(self) -> dict[str, bytes]:
+        """The response journaled with no call started yet (the run stopped first)."""
+        with self.journal_lock:
+            unwritten, self.unwritten_response = self.unwritten_response, None
+        return unwritten or {}
+
+    def report_running(self) -> None:
+        """Mirror `running` to Celery's result backend. Called after each persisted round and
+        by the lease keeper's first renewal (a quarter lease in), not at the claim: a result
+        write costs a short turn a fifth of its throughput, and nobody can see a state that
+        lasts less than that. Never once the outcome is decided, so it cannot overwrite the
+        final result."""
+        with self.report_lock:
+            if self.outcome_decided or self.reported_iteration == self.iteration:
+                return
+            self.reported_iteration = self.iteration
+            info = {"state": "running", "attempt": self.attempt, "iteration": self.iteration}
+            report_state(self.turn_id, RUNNING, info)
+
+    def decided(self) -> None:
+        """The outcome is decided: no RUNNING mirror from now on."""
+        with self.report_lock:
+            self.outcome_decided = True
