@@ -563,17 +563,7 @@ def lua_prelude(script: ScriptSchema, source: str) -> str:
     with only the names it uses, TERMINAL whole, K and A with all of the script's KEYS and
     ARGV, and REST. A use of a name the schema (or the script) does not have, or of a table
     of names other than as TABLE.name, raises SchemaMismatch."""
-    used: dict[str, set[str]] = {}
-    for match in LUA_REFERENCE.finditer(lua_code(source)):
-        table, name = match.group(1), match.group(2)
-        used.setdefault(table, set())
-        if name is not None:
-            used[table].add(name)
-        elif table in LUA_TABLES or table == "R":
-            raise SchemaMismatch(f"{script.name}.lua uses {table} other than as {table}.<name>")
-        if name is not None and table in (TERMINAL_TABLE, "REST"):
-            raise SchemaMismatch(f"{script.name}.lua reads {table}.{name}: {table} has no names")
-
+    used = _used_names(script, source)
     replies: dict[str, str | int] = {}
     if script.replies is not None:
         replies = {member.name: member.value for member in script.replies}
@@ -582,32 +572,49 @@ def lua_prelude(script: ScriptSchema, source: str) -> str:
         "K": {name: f"KEYS[{i}]" for i, name in enumerate(script.keys, 1)},
         "A": {name: f"ARGV[{i}]" for i, name in enumerate(argv, 1)},
     }
-    tables: dict[str, Mapping[str, object]] = {**LUA_TABLES, "R": replies, **positions}
-    for table, names in used.items():
-        if table in tables:
-            unknown = sorted(names - set(tables[table]))
-            if unknown:
-                listed = ", ".join(f"{table}.{name}" for name in unknown)
-                raise SchemaMismatch(f"{script.name}.lua uses {listed}, not in the schema")
-    if "REST" in used and not script.rest:
-        raise SchemaMismatch(f"{script.name}.lua uses REST, but takes no ARGV after its names")
-
+    _check_known(script, used, {**LUA_TABLES, "R": replies, **positions})
     lines = [f"-- Generated from tasks/core/schema.py for {script.name}.lua (lua_prelude)."]
-    for table, entries in LUA_TABLES.items():
+    for table, entries in {**LUA_TABLES, "R": replies}.items():
         if table in used:
             chosen = ((n, _lua_value(v)) for n, v in entries.items() if n in used[table])
             lines.append(f"local {table} = {_lua_table(chosen)}")
     if TERMINAL_TABLE in used:
         terminal = (f"[{_lua_value(s.value)}]" for s in TurnState if s in TERMINAL_STATES)
         lines.append(f"local {TERMINAL_TABLE} = {_lua_table((t, 'true') for t in terminal)}")
-    if "R" in used:
-        chosen = ((n, _lua_value(v)) for n, v in replies.items() if n in used["R"])
-        lines.append(f"local R = {_lua_table(chosen)}")
     for table, entries in positions.items():
+        for name in entries:
+            _check_name(table, name)
         if entries:
-            for name in entries:
-                _check_name(table, name)
             lines.append(f"local {table} = {_lua_table(entries.items())}")
     if script.rest:
         lines.append(f"local REST = {len(argv) + 1}")
     return "\n".join(lines) + "\n"
+
+
+def _used_names(script: ScriptSchema, source: str) -> dict[str, set[str]]:
+    """The schema tables `source` refers to, each with the names it reads from it."""
+    used: dict[str, set[str]] = {}
+    for match in LUA_REFERENCE.finditer(lua_code(source)):
+        table, name = match.group(1), match.group(2)
+        used.setdefault(table, set())
+        if name is None:
+            if table in LUA_TABLES or table == "R":
+                raise SchemaMismatch(f"{script.name}.lua uses {table} other than as {table}.<name>")
+            continue
+        if table in (TERMINAL_TABLE, "REST"):
+            raise SchemaMismatch(f"{script.name}.lua reads {table}.{name}: {table} has no names")
+        used[table].add(name)
+    return used
+
+
+def _check_known(
+    script: ScriptSchema, used: Mapping[str, set[str]], tables: Mapping[str, Mapping[str, object]]
+) -> None:
+    """SchemaMismatch for a name `script` uses that its tables do not have."""
+    for table, names in used.items():
+        unknown = sorted(names - set(tables[table])) if table in tables else []
+        if unknown:
+            listed = ", ".join(f"{table}.{name}" for name in unknown)
+            raise SchemaMismatch(f"{script.name}.lua uses {listed}, not in the schema")
+    if "REST" in used and not script.rest:
+        raise SchemaMismatch(f"{script.name}.lua uses REST, but takes no ARGV after its names")

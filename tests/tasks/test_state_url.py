@@ -14,9 +14,9 @@ from celery import Celery
 from celery.backends.redis import SentinelBackend
 from kombu import Connection
 
-from tasks import state
 from tasks.core.settings import SettingsError, load_settings
 from tasks.core.state_url import StateTarget, celery_sentinel, parse_state_url
+from tasks.store import client
 from tasks.store.client import lost_state
 from tasks.testing import free_port
 from tests.conftest import ROOT
@@ -128,10 +128,10 @@ class _Recorder:
 
 def test_the_state_client_logs_in_as_the_urls_user(monkeypatch: pytest.MonkeyPatch) -> None:
     _Recorder.built = []
-    monkeypatch.setattr(state, "RedisCluster", _Recorder)
-    monkeypatch.setattr(state, "Sentinel", _Recorder)
-    state.connect(parse_state_url("redis+cluster://app:secret@h:7000"))
-    state.connect(parse_state_url("redis+sentinel://app:secret@s:26379/mymaster/1"))
+    monkeypatch.setattr(client, "RedisCluster", _Recorder)
+    monkeypatch.setattr(client, "Sentinel", _Recorder)
+    client.connect(parse_state_url("redis+cluster://app:secret@h:7000"))
+    client.connect(parse_state_url("redis+sentinel://app:secret@s:26379/mymaster/1"))
     cluster, sentinels, master = _Recorder.built
     assert (cluster["username"], cluster["password"]) == ("app", "secret")
     # the sentinels are asked without credentials, the master with the URL's
