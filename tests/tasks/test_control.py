@@ -92,7 +92,9 @@ def test_cancelling_a_running_turn_fences_out_its_worker(jobs: Any) -> None:
     time.sleep(2)
     types = [e.type for e in iter_events(slow.id, block_s=0)]
     assert types[-1] == "turn.cancelled"
-    assert types.count("tool.started") == 2
+    # (two rounds when the cancel came during round 2's tool, one when a slow machine let it in
+    # before that tool started: either way the worker's check point stopped the run)
+    assert 1 <= types.count("tool.started") <= 2
     record = job_context().records.get(slow.id)
     assert record is not None and record.state is TurnState.CANCELLED
 
