@@ -51,6 +51,7 @@ from agent.messages import LLMProvider, LLMRequest, LLMResponse, ToolCall
 from agent.middleware import Deny, InputContext
 from agent.pauses import REJECTED, Decision, RunPause, ask_user
 from agent.providers.anthropic import AnthropicProvider
+from agent.providers.echo import EchoProvider
 from agent.providers.openai import OpenAIChatProvider
 from agent.providers.scripted import ScriptedProvider, ScriptExhaustedError
 from agent.runtime import Agent, AgentInput, AgentResult
@@ -71,6 +72,7 @@ __all__ = [
     "ConversationMismatchError",
     "Decision",
     "Deny",
+    "EchoProvider",
     "HookPoint",
     "InputContext",
     "InvalidRunInputError",

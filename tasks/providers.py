@@ -8,18 +8,21 @@ gets comes from the Settings, never from the environment behind them.
 
 from __future__ import annotations
 
-from agent import AnthropicProvider, LLMProvider, OpenAIChatProvider
+from agent import AnthropicProvider, EchoProvider, LLMProvider, OpenAIChatProvider
 from agent.providers import anthropic, openai
 from tasks.core.settings import Settings, SettingsError
 
 
 def provider_from_settings(settings: Settings) -> LLMProvider | None:
     """The configured provider, or None for `scripted` (the factory's own scripted default).
+    `echo` is EchoProvider, which needs no key and no model name.
 
     A missing key raises SettingsError naming the variable; no error quotes a key.
     """
     if settings.provider == "scripted":
         return None
+    if settings.provider == "echo":
+        return EchoProvider()
     if settings.provider == "openai":
         base_url = settings.openai_base_url or openai.DEFAULT_BASE_URL
         if not settings.openai_api_key and base_url == openai.DEFAULT_BASE_URL:

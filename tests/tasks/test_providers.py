@@ -1,6 +1,6 @@
 """provider_from_settings (tasks/providers.py): the provider a deployment chose, built from its
 Settings alone, against a real HTTP server; AGENTJOBS_PROVIDER_TIMEOUT_S reaches the provider,
-also in a worker."""
+also in a worker; AGENTJOBS_PROVIDER=echo needs no key, no model name and no server."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from agent import (
     AnthropicProvider,
+    EchoProvider,
     LLMRequest,
     OpenAIChatProvider,
     ProviderTimeoutError,
@@ -41,6 +42,18 @@ def process_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 )
 def test_scripted_is_the_default_and_means_none(environ: dict[str, str]) -> None:
     assert provider_from_settings(load_settings(environ)) is None
+
+
+@pytest.mark.parametrize("value", ["echo", "Echo", " echo "])
+def test_echo_needs_no_key_and_no_model(value: str) -> None:
+    # Given AGENTJOBS_PROVIDER=echo and neither AGENTJOBS_MODEL nor a key in the Settings
+    settings = load_settings({"AGENTJOBS_PROVIDER": value})
+    # When the provider is built, Then it is an EchoProvider, which answers without a network
+    provider = provider_from_settings(settings)
+    assert isinstance(provider, EchoProvider)
+    response = provider.complete(request())
+    assert response.content == "echo: x"
+    assert response.usage == {"inputTokens": 1, "outputTokens": 2}
 
 
 def test_openai_from_settings_calls_the_configured_server() -> None:
@@ -168,3 +181,17 @@ def test_a_workers_agents_get_the_provider_timeout(make_jobs: Any) -> None:
     entry = job_context().dead_letters.get(caught.value.entry_id)
     assert entry is not None and entry["errorType"] == "ProviderTimeoutError"
     assert len(server.received) == 1
+
+
+@pytest.mark.integration
+def test_a_worker_with_agentjobs_provider_echo_answers_by_echo(make_jobs: Any) -> None:
+    # Given a worker whose demo agent builds its provider from settings, with
+    # AGENTJOBS_PROVIDER=echo and no model name or key
+    jobs = make_jobs(AGENTJOBS_PROVIDER="echo")
+    jobs.worker()
+    # When a turn runs, Then the demo agent answers with the echo of its message, in one call
+    reply = run_turn.delay(agent="demo", conversation_id="e", message="Book a table.").get(
+        timeout=30
+    )
+    assert reply["content"] == "echo: Book a table."
+    assert reply["attempts"] == 1
