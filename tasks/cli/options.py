@@ -1,5 +1,6 @@
-"""The argument and option types the commands share: durations, the reason and state choices,
-non-empty text, JSON tool arguments, and the --tenant/--principal pair of by-id commands."""
+"""The argument and option types the commands share: durations (and plain seconds), the reason
+and state choices, non-empty text, JSON tool arguments, and the --tenant/--principal pair of
+by-id commands."""
 
 from __future__ import annotations
 
@@ -37,6 +38,25 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
         seconds = parse_duration_s(str(value))
         if seconds <= 0:
             self.fail(f"{value!r} is not longer than nothing; --all deletes every entry")
+        return seconds
+
+
+class Seconds(click.ParamType):  # type: ignore[type-arg]
+    """A length of time as seconds: '90', '90s', '15m', '2h', '7d'. Zero passes unless
+    `positive`: where the job system checks the value itself (run_turn's deadline_s), the
+    command leaves the refusal to it."""
+
+    name = "SECONDS"
+
+    def __init__(self, *, positive: bool = False) -> None:
+        self.positive = positive
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, float):
+            return value
+        seconds = parse_duration_s(str(value))
+        if self.positive and seconds <= 0:
+            self.fail(f"{value!r} is not longer than nothing")
         return seconds
 
 

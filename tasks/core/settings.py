@@ -24,7 +24,9 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 from tasks.core.state_url import CLUSTER_SCHEME, SENTINEL_SCHEME, StateURLError, parse_state_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-PROVIDERS = ("scripted", "openai", "anthropic")
+PROVIDERS = ("scripted", "openai", "anthropic", "echo")
+# The providers that call a model by name (AGENTJOBS_MODEL): echo and scripted need none.
+NAMED_MODEL_PROVIDERS = ("openai", "anthropic")
 # Redis Cluster has 16384 hash slots: more index shards than that cannot spread further.
 MAX_INDEX_SHARDS = 16384
 # The longest duration any setting may name (ten years): every time the scripts store is an
@@ -89,6 +91,9 @@ class Settings:
     retry_queue: str = "agentjobs.retry"
     worker_concurrency: int = 32
     agents: Mapping[str, str] = field(default_factory=dict)
+    # A worker refuses to start when the factory of a registered agent cannot build it, instead
+    # of starting and dead-lettering that agent's turns as agent_unavailable.
+    strict_agents: bool = False
     # The model provider of agents built from settings (tasks/providers.py).
     provider: str = "scripted"
     model: str = ""
@@ -146,6 +151,7 @@ def load_settings(
         ),
         worker_concurrency=env.count("AGENTJOBS_WORKER_CONCURRENCY", Settings.worker_concurrency),
         agents=MappingProxyType(agents),
+        strict_agents=env.flag("AGENTJOBS_STRICT_AGENTS", False),
         provider=env.choice("AGENTJOBS_PROVIDER", Settings.provider, PROVIDERS),
         model=env.text("AGENTJOBS_MODEL", ""),
         provider_timeout_s=env.seconds("AGENTJOBS_PROVIDER_TIMEOUT_S", Settings.provider_timeout_s),
@@ -170,7 +176,7 @@ def load_settings(
             "AGENTJOBS_TURN_QUEUE and AGENTJOBS_RETRY_QUEUE must differ, "
             f"both are {settings.turn_queue!r}"
         )
-    if settings.provider != "scripted" and not settings.model:
+    if settings.provider in NAMED_MODEL_PROVIDERS and not settings.model:
         raise SettingsError(
             f"AGENTJOBS_MODEL must name the model when AGENTJOBS_PROVIDER={settings.provider}"
         )

@@ -12,10 +12,11 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from agent import Agent
 from tasks.core.errors import AgentUnavailable, UnknownAgent
-from tasks.core.redact import tool_error_redactor
+from tasks.core.redact import redact, tool_error_redactor
 
 
 @functools.lru_cache(maxsize=256)
@@ -51,20 +52,46 @@ def build_agent(name: str, agents: Mapping[str, str]) -> Agent:
         problem = f"agent {name!r} could not be built from {target}: {type(exc).__name__}: {exc}"
         raise AgentUnavailable(name, problem) from exc
     if not isinstance(built, Agent):
-        problem = f"{target} returned {type(built).__name__}, not an agent.Agent"
-        raise AgentUnavailable(name, problem)
+        returned = f"the factory returned {type(built).__name__}, not an agent.Agent"
+        problem = f"agent {name!r} could not be built from {target}: {returned}"
+        raise AgentUnavailable(name, problem) from TypeError(returned)
     # A tool's exception text loses this process's secret environment values too.
     built.redact_tool_errors = tool_error_redactor(built.redact_tool_errors)
     return built
 
 
-def check_agents(agents: Mapping[str, str]) -> dict[str, str]:
-    """{name: problem} for each registered agent whose factory cannot build it now (a worker
-    logs these once at start; their turns dead-letter as agent_unavailable)."""
-    problems = {}
+@dataclass(frozen=True)
+class AgentCheck:
+    """One registered agent as its factory builds it now: `error` is None when the factory
+    returned an agent.Agent, else why not, in one redacted line."""
+
+    name: str
+    factory: str
+    error: str | None
+
+    @property
+    def builds(self) -> bool:
+        return self.error is None
+
+
+def _one_line(exc: AgentUnavailable) -> str:
+    """What went wrong, without the agent's name and factory the caller shows beside them: the
+    exception of the factory or of its import (a TypeError when it returned no Agent)."""
+    cause = exc.__cause__
+    text = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+    return redact(" ".join(text.split()))
+
+
+def check_registry(agents: Mapping[str, str]) -> list[AgentCheck]:
+    """Every registered agent, by name, built once by its factory (imported from the working
+    directory, as a worker imports it): what `agentjobs agents` lists and a worker logs at
+    start. A factory runs here as it runs for a turn, side effects included."""
+    checks = []
     for name in sorted(agents):
         try:
             build_agent(name, agents)
         except AgentUnavailable as exc:
-            problems[name] = str(exc)
-    return problems
+            checks.append(AgentCheck(name, agents[name], _one_line(exc)))
+        else:
+            checks.append(AgentCheck(name, agents[name], None))
+    return checks

@@ -1,5 +1,7 @@
 """What a worker process adds beside running tasks: its heartbeat, naming the turns it holds
 prefetched but not started, and its handover of the turns it runs when it is told to stop.
+At start it also builds each registered agent once and logs what it got (announce_agents),
+refusing to start over an agent that does not build when AGENTJOBS_STRICT_AGENTS=1.
 
 With the Redis broker, messages a worker prefetched stay unacknowledged when its main process
 is SIGKILLed, and Redis hands them out again only after the visibility timeout (an hour).
@@ -60,7 +62,7 @@ from tasks.queue.app import app
 from tasks.queue.context import JobContext, job_context
 from tasks.store.leases import RENEWALS_PER_TTL
 from tasks.turn import ending
-from tasks.turn.registry import check_agents
+from tasks.turn.registry import AgentCheck, check_registry
 
 logger = logging.getLogger("agentjobs.worker")
 
@@ -159,6 +161,48 @@ def revoke(
     return {"ok": "turns cancelled"}
 
 
+def _described(check: AgentCheck) -> str:
+    return f"{check.name}={check.factory} ({'builds' if check.builds else check.error})"
+
+
+def announce_agents(agents: Mapping[str, str], *, strict: bool) -> list[AgentCheck]:
+    """At a worker's start: build each registered agent once and log, in one line, what each
+    factory gave. The app's configuration gets the registry this worker runs with (celeryconfig
+    AGENTS extended by AGENTJOBS_AGENTS), so that Celery's `inspect conf`, and Flower's view of
+    the configuration, show it rather than celeryconfig's dict alone. An agent that does not
+    build is logged as unavailable (its turns dead-letter as agent_unavailable); with `strict`
+    (AGENTJOBS_STRICT_AGENTS) the worker refuses to start instead: one line naming the agents,
+    and SystemExit(1), which Celery's start turns into the process's exit status."""
+    app.conf.update(AGENTS=dict(agents))
+    checks = check_registry(agents)
+    if not checks:
+        logger.warning(
+            "no agents are registered: every turn will dead-letter as unknown_agent; register "
+            "them with AGENTJOBS_AGENTS=name=module:factory or in celeryconfig.py's AGENTS"
+        )
+        return checks
+    logger.info("agents: %s", ", ".join(_described(check) for check in checks))
+    failing = [check for check in checks if not check.builds]
+    if failing and strict:
+        named = ", ".join(f"{check.name!r} ({check.error})" for check in failing)
+        one = len(failing) == 1
+        logger.error(
+            "refusing to start (AGENTJOBS_STRICT_AGENTS=1): %s; fix %s, or unset "
+            "AGENTJOBS_STRICT_AGENTS to start anyway and dead-letter such turns as "
+            "agent_unavailable",
+            f"agent {named} does not build" if one else f"agents {named} do not build",
+            "its factory" if one else "their factories",
+        )
+        raise SystemExit(1)
+    for check in failing:
+        logger.error(
+            "agent %r is unavailable: its turns will dead-letter as agent_unavailable (%s)",
+            check.name,
+            check.error,
+        )
+    return checks
+
+
 class PresenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """A worker bootstep: the heartbeat runs from the worker's start to its stop."""
 
@@ -170,8 +214,7 @@ class PresenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def start(self, parent: Any) -> None:
         ctx = job_context()
-        for name, problem in check_agents(ctx.settings.agents).items():
-            logger.error("agent %r is unavailable: its turns will dead-letter (%s)", name, problem)
+        announce_agents(ctx.settings.agents, strict=ctx.settings.strict_agents)
         self.presence = Presence(ctx, parent.hostname)
         self.presence.start()
 

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from tasks import TurnDeadLettered, app, iter_events, load_conversation, run_turn
 from tasks.cli import main, parse_duration_s
 from tasks.queue.context import job_context
+from tasks.store.dead_letters import iso_ms
 from tasks.store.records import TurnState
 from tasks.testing import wait_until
 from tests.conftest import ROOT
@@ -68,6 +69,14 @@ def test_list_and_show_print_entries_as_json_and_tables(jobs: Any) -> None:
     table = cli("dlq", "list")
     assert auth.entry_id in table and "non_resumable" in table and "unknown_agent" in table
     assert "c-auth" in cli("dlq", "show", auth.entry_id)
+    # --json keeps each time both in ms and as ISO text; the table prints the ISO ones only
+    assert shown["lastFailedAt"] == iso_ms(shown["lastFailedAtMs"])
+    assert shown["firstFailedAt"] == iso_ms(shown["firstFailedAtMs"])
+    table = cli("dlq", "show", auth.entry_id, env={"COLUMNS": "200"})
+    assert field_value(table, "lastFailedAt") == shown["lastFailedAt"], table
+    assert field_value(table, "firstFailedAt") == shown["firstFailedAt"], table
+    assert "AtMs" not in table and str(shown["lastFailedAtMs"]) not in table, table
+    assert field_value(table, "checkpoint").startswith("1 message, runId "), table
     assert "no dead-letter entry 'dl-nope'" in cli("dlq", "show", "dl-nope", exit_code=1)
 
 
@@ -147,6 +156,124 @@ def test_turn_show_follows_a_turn_through_its_states(make_jobs: Any) -> None:
     assert "token" not in as_json
     result.get(timeout=30)
     assert "succeeded" in cli("turn", "show", result.id)
+
+
+ISO_UTC = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00"
+
+
+def field_value(text: str, field: str) -> str:
+    """The value `turn show` prints for `field` (the table's first column), or ""."""
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip("│┃|").split("│")]
+        if len(cells) == 2 and cells[0] == field:
+            return cells[1]
+    return ""
+
+
+def test_turn_show_names_the_turn_its_times_and_its_message(make_jobs: Any) -> None:
+    # Given a turn waiting for a retry (no pump runs to wake it), submitted with a deadline
+    jobs = make_jobs()
+    jobs.worker()
+    waiting = run_turn.delay(
+        agent="demo", conversation_id="times", message="what is due fail:503x1", deadline_s=600
+    )
+    records = job_context().records
+    wait_until(
+        lambda: (r := records.get(waiting.id)) is not None and r.state == "waiting", 10, "waiting"
+    )
+    record = records.get(waiting.id)
+    assert record is not None
+    # When it is shown as JSON, every key of the record is there with its value, and beside
+    # each time in ms the same time as ISO UTC text, and the message
+    as_json = orjson.loads(cli("turn", "show", waiting.id, "--json"))
+    for key, value in record.as_dict().items():
+        if key != "checkpoint":
+            assert as_json[key] == value, key
+    assert as_json["message"] == "what is due fail:503x1"
+    for key in ("createdAt", "updatedAt", "startedAt", "dueAt", "firstFailedAt", "deadlineAt"):
+        assert as_json[key] == iso_ms(as_json[f"{key}Ms"]), key
+    assert as_json["finishedAt"] is None and as_json["pausedAt"] is None
+    assert as_json["pauseExpiresAt"] is None and as_json["pauseExpiresAtMs"] is None
+    # and as a table it names the turn and gives its times as ISO UTC, the next retry's too
+    text = cli("turn", "show", waiting.id, env={"COLUMNS": "200"})
+    assert field_value(text, "turn") == waiting.id
+    assert field_value(text, "message") == "what is due fail:503x1"
+    for field, key in (("created", "createdAt"), ("next retry due", "dueAt")):
+        assert field_value(text, field) == as_json[key], text
+    assert re.fullmatch(ISO_UTC, field_value(text, "deadline")), text
+    assert "Ms" not in text and field_value(text, "finished") == ""
+    # Once it has succeeded, its finishing time is shown and no retry is due any more
+    jobs.pump()
+    waiting.get(timeout=30)
+    done = cli("turn", "show", waiting.id, env={"COLUMNS": "200"})
+    assert re.fullmatch(ISO_UTC, field_value(done, "finished")), done
+    assert field_value(done, "next retry due") == ""
+    assert orjson.loads(cli("turn", "show", waiting.id, "--json"))["finishedAt"] == field_value(
+        done, "finished"
+    )
+
+
+def test_turn_show_of_a_paused_turn_gives_its_pause_and_what_is_left_of_its_deadline(
+    jobs: Any,
+) -> None:
+    paused = run_turn.delay(
+        agent="demo", conversation_id="pz", message="refund please refund:D-4", deadline_s=600
+    )
+    records = job_context().records
+    wait_until(
+        lambda: (r := records.get(paused.id)) is not None and r.state == "paused", 20, "paused"
+    )
+    as_json = orjson.loads(cli("turn", "show", paused.id, "--json"))
+    assert as_json["pausedAt"] == iso_ms(as_json["pausedAtMs"])
+    assert as_json["pauseExpiresAt"] == iso_ms(as_json["pauseExpiresAtMs"])
+    assert as_json["pauseExpiresAtMs"] > as_json["pausedAtMs"]
+    assert 0 < as_json["deadlineLeftMs"] <= 600_000
+    text = cli("turn", "show", paused.id, env={"COLUMNS": "200"})
+    assert field_value(text, "pause expires") == as_json["pauseExpiresAt"], text
+    assert field_value(text, "paused at") == as_json["pausedAt"], text
+    assert re.fullmatch(
+        r"\d+(\.\d)? m left, its clock stopped while paused", field_value(text, "deadline")
+    )
+    assert field_value(text, "message") == "refund please refund:D-4"
+
+
+def test_refused_decisions_name_the_commands_and_options_to_use(jobs: Any) -> None:
+    # Given a turn paused for an approval
+    paused = run_turn.delay(agent="demo", conversation_id="dz", message="refund:D-9")
+    records = job_context().records
+    wait_until(
+        lambda: (r := records.get(paused.id)) is not None and r.state == "paused", 20, "paused"
+    )
+    [action] = orjson.loads(cli("turn", "show", paused.id, "--json"))["pending"]
+    request = action["requestId"]
+    pending = cli("turn", "pending")
+    assert (
+        "1 paused turn, 1 decision to make: `agentjobs turn approve|reject TURN_ID REQUEST_ID`, "
+        "or `agentjobs turn answer TURN_ID REQUEST_ID TEXT` for a question."
+    ) in pending, pending
+    # When it is answered, or approved with arguments nested too deep to store, the refusal
+    # names the commands and options of the command line, never the Python calls
+    wrong = cli("turn", "answer", paused.id, request, "yes", exit_code=1)
+    assert (
+        f"turn {paused.id}, request {request}: an approval is decided with `agentjobs turn "
+        "approve` or `agentjobs turn reject`, not `agentjobs turn answer`; `agentjobs turn "
+        "pending` lists what waits for a decision"
+    ) in wrong, wrong
+    deep = '{"orderId": ' + "[" * 70 + "]" * 70 + "}"
+    too_deep = cli("turn", "approve", paused.id, request, "--args", deep, exit_code=1)
+    assert "--args is nested deeper than 64 levels; send JSON values only" in too_deep
+    assert "and approve again" in too_deep
+    for text in (wrong, too_deep):
+        assert not re.search(r"approve_action|reject_action|answer_question|edited_args", text)
+        assert "a approval" not in text
+    # and the turn still waits; approving it twice is recorded once
+    assert cli("turn", "approve", paused.id, request) == (
+        f"approved request {request} of turn {paused.id}.\n"
+    )
+    assert cli("turn", "approve", paused.id, request) == (
+        f"request {request} of turn {paused.id} was already decided that way; no change.\n"
+    )
+    assert paused.get(timeout=30)["content"].startswith("Done")
 
 
 def test_task_events_reach_an_event_consumer_once_enabled_like_flower(jobs: Any) -> None:
@@ -333,6 +460,49 @@ def test_conversation_show_prints_the_stored_history_and_the_unfinished_turns(
     assert "no conversation 'c-show'" in cli("conversation", "show", "c-show", exit_code=1)
 
 
+def test_conversation_show_says_how_many_earlier_messages_it_left_out(jobs: Any) -> None:
+    # Given a conversation of four turns: eight messages
+    for n in range(4):
+        run_turn.delay(agent="demo", conversation_id="c-long", message=f"q{n}").get(timeout=30)
+    # By default the last five are printed, after a line counting the three left out
+    text = cli("conversation", "show", "c-long")
+    assert "8 messages" in text
+    assert "  ... 3 earlier messages not shown (--last N or --all shows more)" in text
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if "earlier messages not shown" in line)
+    assert lines[start + 1 : start + 6] == [
+        "  assistant: Done: q1",
+        "  user: q2",
+        "  assistant: Done: q2",
+        "  user: q3",
+        "  assistant: Done: q3",
+    ]
+    assert lines[start + 6] == "unfinished turns: 0"
+    # --last N prints N, --all every one (and says nothing was left out)
+    assert "  ... 7 earlier messages not shown" in cli(
+        "conversation", "show", "c-long", "--last", "1"
+    )
+    every = cli("conversation", "show", "c-long", "--all")
+    assert "not shown" not in every and "  user: q0" in every and "  assistant: Done: q3" in every
+    assert "not shown" not in cli("conversation", "show", "c-long", "--last", "8")
+    assert "not shown" not in cli("conversation", "show", "c-long", "--last", "50")
+    assert "  ... 1 earlier message not shown" in cli(
+        "conversation", "show", "c-long", "--last", "7"
+    )
+    # and --json gives the same messages under lastMessages: five by default
+    as_json = orjson.loads(cli("conversation", "show", "c-long", "--json"))
+    assert as_json["historyLength"] == 8
+    assert as_json["lastMessages"][0]["content"] == "Done: q1"
+    assert len(as_json["lastMessages"]) == 5
+    all_json = orjson.loads(cli("conversation", "show", "c-long", "--all", "--json"))
+    assert [m["content"] for m in all_json["lastMessages"]][:2] == ["q0", "Done: q0"]
+    assert len(all_json["lastMessages"]) == 8
+    none = orjson.loads(cli("conversation", "show", "c-long", "--last", "0", "--json"))
+    assert none["lastMessages"] == [] and none["historyLength"] == 8
+    refused = cli("conversation", "show", "c-long", "--all", "--last", "2", exit_code=2)
+    assert "give --last N or --all, not both" in refused
+
+
 def test_stats_counts_turns_and_dead_letters_and_the_pump_heartbeat(make_jobs: Any) -> None:
     jobs = make_jobs(AGENTJOBS_BACKOFF_BASE_S="30", AGENTJOBS_BACKOFF_MAX_S="60")
     jobs.worker()
@@ -450,6 +620,10 @@ def test_readme_operating_it_runs_as_written(make_jobs: Any) -> None:
         "ID": spent[0].entry_id,
         "TURN_ID": done.id,
         "EVENT_ID": next(iter_events(done.id)).id,
+        "AGENT": "demo",
+        "CONVERSATION_ID": "c-submit",
+        "MESSAGE": "hello",
+        "SECONDS": "30",
     }
     lines = operating_lines()
     # Every command there is appears in README's block
