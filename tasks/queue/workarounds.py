@@ -19,11 +19,20 @@ and the format is a module attribute read at each call, so it is replaced by one
 value, and the line's `extra["data"]` (which custom log handlers may format) loses
 the value and the arguments. tests/tasks/test_worker_logs.py checks it; drop this if Celery
 gets an option to leave the result out.
+
+Celery 5.7 logs "Task %(name)s[%(id)s] ignored" at INFO for every task that raises Ignore
+(celery/app/trace.py, log_policy_ignore, read by get_log_policy at each call). A delivery that
+releases its turn (a retry scheduled, a pause, a hand-over, a turn queued behind another)
+raises Ignore, so the line came with every one of them and read like a dropped task; our own
+line beside it says what happened ("attempt 2 in 0.4 s", "paused for 1 decision(s)", "not run
+by this delivery: not_head"). The policy is replaced by the same one at DEBUG.
+tests/tasks/test_flower_events.py checks it; drop this if Celery lets a task choose the level.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +44,8 @@ from kombu.transport import redis as kombu_redis
 LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
 # What the success line's data loses: the reply, and the arguments (a turn's message).
 _PRIVATE_FIELDS = ("return_value", "args", "kwargs")
+# Celery's policy for a task that raised Ignore, at DEBUG instead of INFO.
+LOG_POLICY_IGNORE = trace.log_policy_t(trace.LOG_IGNORED, "ignored", logging.DEBUG, 0, 0)
 
 
 def _refuse_detached_channel(
@@ -63,6 +74,7 @@ def _without_content(info: Callable[[str, dict[str, Any]], None]) -> Callable[..
 
 def install() -> None:
     trace.LOG_SUCCESS = LOG_SUCCESS
+    trace.log_policy_ignore = LOG_POLICY_IGNORE
     if not getattr(trace.info, "agentjobs_workaround", False):
         trace.info = _without_content(trace.info)
     current = kombu_redis.Channel._connparams

@@ -69,6 +69,7 @@ def drive_turn(
             claim = ctx.records.claim(turn_id, namespace, token, lease_ttl_s, worker)
         if claim.record is None:
             logger.info("turn %s not run by this delivery: %s", turn_id, claim.status)
+            ending.not_run(ctx, turn_id, namespace, claim.status)
             raise Ignore()
         attempt = Attempt(ctx, claim.record, token=token, stored=claim.stored)
         points = attempt.points
@@ -179,7 +180,8 @@ def _dead_letter_unclaimed(
     Celery, or Ignore when the turn had ended already."""
     if record is None or record.state.terminal:
         raise Ignore()
-    ended = ending.dead_letter(ctx, record, "", reason, error)
+    # Raised to Celery, whose task-failed event shows it: none of our own.
+    ended = ending.dead_letter(ctx, record, "", reason, error, announce=False)
     if ended is None:
         raise Ignore()
     raise ended.error() from None

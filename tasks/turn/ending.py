@@ -1,8 +1,9 @@
 """Ending a turn, and releasing one: the only module that does either.
 
-Each outcome is one function, and each does the same three things in the same order: change
-the turn record (one script, atomic with whatever the outcome stores), mirror the change to
-Celery's result backend, and wake whoever runs next:
+Each outcome is one function, and each does the same things in the same order: change the
+turn record (one script, atomic with whatever the outcome stores), mirror the change to
+Celery's result backend, send the task event Flower needs to show it where the worker's own
+events do not (tasks/queue/results.py), and wake whoever runs next:
 
     succeed         the conversation stored, the turn ended; wakes the conversation's next turn
     schedule_retry  released until a due time (waiting); the pump wakes it then
@@ -11,6 +12,13 @@ Celery's result backend, and wake whoever runs next:
     dead_letter     an entry filed, the turn ended; wakes the next turn
     cancel          the turn ended as cancelled, whatever its state; wakes the next turn
     repair          nothing changed by this delivery; makes sure the final result shows
+    not_run         a delivery that could not claim its turn; tells Flower what the turn is doing
+
+The events: a release in a worker sends task-retried (Flower: RETRY) while that worker sends
+task events; an ending from outside the worker (cancel; dead_letter with token '', the pump's
+deadline and pause expiry) always sends task-revoked or task-failed; an ending in the worker
+raises to Celery, whose own task-succeeded or task-failed shows it. Wake-ups carry the turn's
+earlier attempts as Celery's `retries`, which Flower shows.
 
 Every door uses them: the worker's attempt (tasks/turn/attempt.py) and its delivery checks
 (tasks/turn/delivery.py), a cancel (tasks/operate/control.py and the worker's revoke), the
@@ -41,10 +49,24 @@ from agent import AgentError, AgentRunCheckpoint
 from tasks.core.backoff import backoff_delay_s
 from tasks.core.errors import JobError, Reason, TurnDeadLettered
 from tasks.core.redact import redact
+from tasks.core.schema import ClaimStatus, Field
 from tasks.queue.app import app
 from tasks.queue.broker import REFUSED_WRITES
 from tasks.queue.context import JobContext
-from tasks.queue.results import PAUSED, WAITING, report_state, write_final_result
+from tasks.queue.results import (
+    PAUSED,
+    TASK_FAILED,
+    TASK_RETRIED,
+    TASK_REVOKED,
+    WAITING,
+    failed_fields,
+    report_state,
+    revoked_fields,
+    send_ending,
+    send_final_of,
+    send_from_worker,
+    write_final_result,
+)
 from tasks.store.client import STAMP_HEADER
 from tasks.store.dead_letters import UNREADABLE, ReplayError, UnreadableEntry, file_dead_letter
 from tasks.store.records import Ended, TurnRecord
@@ -149,11 +171,18 @@ def wake(
     namespace: str | None = None,
     agent: str = "",
     conversation_id: str = "",
+    *,
+    attempt: int | None = None,
 ) -> None:
     """Publish a wake-up for a turn (its namespace, when known, spares the worker a lookup).
-    Never fails the caller: the pump wakes a stalled conversation head anyway."""
+    The message's `retries` is the number of attempts before the turn's current one, which
+    task-received events carry to Flower; `attempt`, when the caller knows it, spares one
+    read of the record. Never fails the caller: the pump wakes a stalled conversation head
+    anyway."""
     if turn_id is None:
         return
+    if attempt is None:
+        attempt = _attempt_of(ctx, turn_id, namespace)
     try:
         app.send_task(
             RESUME_TURN,
@@ -161,9 +190,25 @@ def wake(
             kwargs={"agent": agent, "conversation_id": conversation_id},
             task_id=turn_id,
             headers={STAMP_HEADER: ctx.epoch.stamp()},
+            retries=max(0, attempt - 1),
         )
     except Exception as exc:
         logger.warning("could not wake turn %s (%s); the pump will", turn_id, exc)
+
+
+def _attempt_of(ctx: JobContext, turn_id: str, namespace: str | None) -> int:
+    """The turn's current attempt, from its record (1 when it cannot be read): one field, in
+    one round trip, from every shard when the namespace is not known."""
+    keys = ctx.keys
+    shards = [keys.for_namespace(namespace)] if namespace is not None else keys.all_shards()
+    try:
+        with ctx.redis.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                pipe.hget(shard.turn(turn_id), Field.ATTEMPT)
+            found = [value for value in pipe.execute() if value]
+        return int(found[0]) if found else 1
+    except (redis.RedisError, ValueError):
+        return 1
 
 
 def _wake_next(ctx: JobContext, record: TurnRecord, ended: Ended) -> None:
@@ -173,6 +218,8 @@ def _wake_next(ctx: JobContext, record: TurnRecord, ended: Ended) -> None:
         record.namespace or None,
         ended.next_head_agent,
         record.conversation_id,
+        # Only a conversation's head ever runs: the turn behind it has not started yet.
+        attempt=1,
     )
 
 
@@ -246,6 +293,12 @@ def schedule_retry(
         "lastError": text,
     }
     report_state(record.turn_id, WAITING, info)
+    send_from_worker(
+        record.turn_id,
+        TASK_RETRIED,
+        exception=f"waiting: attempt {record.attempt + 1} due in {delay_s:.1f} s; "
+        f"attempt {record.attempt} failed: {text}",
+    )
     logger.info(
         "turn %s attempt %d failed (%s); attempt %d in %.1f s",
         record.turn_id,
@@ -275,6 +328,11 @@ def pause(
     paused = ctx.records.get(record.turn_id, record.namespace)
     pending = [a.as_dict() for a in pending_actions(paused)] if paused else []
     report_state(record.turn_id, PAUSED, {**info, "pending": pending})
+    send_from_worker(
+        record.turn_id,
+        TASK_RETRIED,
+        exception=f"paused: {len(pending)} decision(s) of a person pending",
+    )
     return True
 
 
@@ -297,7 +355,21 @@ def hand_over(
     )
     if woken is None:
         return False
-    wake(ctx, woken.turn_id, woken.namespace, woken.agent, woken.conversation_id)
+    # Before the wake-up: the next worker's task-started has to come after it.
+    send_from_worker(
+        record.turn_id,
+        TASK_RETRIED,
+        exception=f"handed over ({reason}): {worker} is shutting down; another worker goes on",
+    )
+    same = woken.turn_id == record.turn_id
+    wake(
+        ctx,
+        woken.turn_id,
+        woken.namespace,
+        woken.agent,
+        woken.conversation_id,
+        attempt=record.attempt if same else None,
+    )
     return True
 
 
@@ -322,11 +394,14 @@ def dead_letter(
     *,
     checkpoint: AgentRunCheckpoint | None = None,
     patient: bool = False,
+    announce: bool | None = None,
 ) -> DeadLettered | None:
     """File a dead-letter entry and end the turn, atomically; write its Celery result and wake
     the next turn. `token` '' forces it from outside the worker (a deadline, an expired
-    pause, a turn never claimed): whoever holds the lease is fenced out. None when the turn
-    had ended meanwhile."""
+    pause, a turn never claimed): whoever holds the lease is fenced out. `announce`: whether
+    to send the task-failed event; by default when forced (token ''), since a worker that
+    raises the dead letter to Celery (pass False) gets Celery's own. None when the turn had
+    ended meanwhile."""
     entry_id, error_text, ended = _write(
         ctx,
         record,
@@ -345,22 +420,28 @@ def dead_letter(
         repair(ctx, record)
         return None
     write_final_result(ctx, record.turn_id, record.namespace)
+    dead = DeadLettered(entry_id, reason, error_text)
+    if announce if announce is not None else not token:
+        send_ending(record.turn_id, TASK_FAILED, role="pump", **failed_fields(dead.error()))
     _wake_next(ctx, record, ended)
     logger.warning("turn %s dead-lettered as %s (%s)", record.turn_id, entry_id, reason)
-    return DeadLettered(entry_id, reason, error_text)
+    return dead
 
 
 def cancel(ctx: JobContext, record: TurnRecord, *, reason: str = "") -> bool:
     """End an unfinished turn as cancelled, whatever its state and whoever runs it (a worker
     still running it is fenced out at its next check point); write its Celery result, so
-    result.get() raises TurnCancelled at once, and wake the next turn. False when it had
-    ended already."""
+    result.get() raises TurnCancelled at once; send the task-revoked event that ends it in
+    Flower; wake the next turn. False when it had ended already."""
     ended = ctx.records.cancel(
         record.turn_id, record.namespace, reason=reason, ttl_s=ctx.settings.record_ttl_s
     )
     if not ended.ended:
         return False
     write_final_result(ctx, record.turn_id, record.namespace)
+    send_ending(
+        record.turn_id, TASK_REVOKED, role="cancel", **revoked_fields(record.turn_id, reason)
+    )
     logger.info("turn %s cancelled%s", record.turn_id, f": {reason}" if reason else "")
     _wake_next(ctx, record, ended)
     return True
@@ -368,8 +449,28 @@ def cancel(ctx: JobContext, record: TurnRecord, *, reason: str = "") -> bool:
 
 def repair(ctx: JobContext, record: TurnRecord) -> None:
     """This delivery changed nothing (the turn was no longer its own): if the turn has ended
-    meanwhile, make sure a late state report of ours did not hide its final result."""
-    write_final_result(ctx, record.turn_id, record.namespace)
+    meanwhile, make sure a late state report of ours did not hide its final result, nor
+    this delivery's task-started its final event."""
+    write_final_result(ctx, record.turn_id, record.namespace, resend=True)
+
+
+# What Flower is told of a turn a delivery found not runnable (claim.lua's refusals). A busy
+# turn runs on another delivery (Flower's STARTED is true); a missing one is not ours to show.
+_NOT_RUN = {
+    ClaimStatus.NOT_HEAD: "queued behind an earlier turn of its conversation",
+    ClaimStatus.NOT_DUE: "waiting: its next attempt is not due yet",
+    ClaimStatus.PAUSED: "paused: waiting for a person's decision",
+}
+
+
+def not_run(ctx: JobContext, turn_id: str, namespace: str, status: ClaimStatus) -> None:
+    """A delivery that could not claim its turn, after its task-received and task-started:
+    while this worker sends task events, show the turn as released again (RETRY) or, for one
+    that has ended, as ended."""
+    if status is ClaimStatus.DONE:
+        send_final_of(ctx, turn_id, namespace)
+    elif status in _NOT_RUN:
+        send_from_worker(turn_id, TASK_RETRIED, exception=_NOT_RUN[status])
 
 
 def stored_run_id(ctx: JobContext, namespace: str) -> str:
