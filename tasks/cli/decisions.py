@@ -58,8 +58,8 @@ def turn_pending(as_json: bool) -> None:
     actions = sum(len(turn["pending"]) for turn in found)
     click.echo(
         f"{plural(len(found), 'paused turn', 'paused turns')}, "
-        f"{plural(actions, 'decision', 'decisions')} to make: `agentjobs turn approve|reject|"
-        "answer TURN_ID REQUEST_ID`."
+        f"{plural(actions, 'decision', 'decisions')} to make: `agentjobs turn approve|reject "
+        "TURN_ID REQUEST_ID`, or `agentjobs turn answer TURN_ID REQUEST_ID TEXT` for a question."
     )
 
 
@@ -67,7 +67,9 @@ def _decided(turn_id: str, request_id: str, recorded: bool, what: str) -> None:
     if recorded:
         click.echo(f"{what} request {request_id} of turn {turn_id}.")
     else:
-        click.echo(f"request {request_id} of turn {turn_id} was already decided so; no change.")
+        click.echo(
+            f"request {request_id} of turn {turn_id} was already decided that way; no change."
+        )
 
 
 @click.command("approve")
@@ -117,7 +119,7 @@ def turn_reject(
 def turn_answer(
     turn_id: str, request_id: str, text: str, actor: str, identity: dict[str, str] | None
 ) -> None:
-    """Answer a paused turn's question: the text is the ask_user call's result, verbatim."""
+    """Answer a paused turn's question: the model gets TEXT, verbatim, as the answer."""
     job_context()  # settings and Redis first: their failures read as such
     recorded = answer_question(turn_id, request_id, text, actor=actor, identity=identity)
     _decided(turn_id, request_id, recorded, "answered")

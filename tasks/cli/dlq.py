@@ -1,5 +1,9 @@
 """`agentjobs dlq`: the dead-letter store. List and show entries, replay them as new turns,
-purge them by reason, age or all at once."""
+purge them by reason, age or all at once.
+
+Times print as ISO 8601 UTC. An entry holds each of its times twice, as ms since the epoch
+(firstFailedAtMs) and as ISO text (firstFailedAt): `--json` prints both, as stored, since
+scripts may read either; the tables print the ISO ones only."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from tasks.cli.output import (
     terminal_width,
 )
 from tasks.queue.context import JobContext, job_context
-from tasks.store.dead_letters import UNREADABLE, ReplayError, UnreadableEntry
+from tasks.store.dead_letters import UNREADABLE, ReplayError, UnreadableEntry, iso_ms
 from tasks.turn.ending import Replayed, replay_dead_letter
 
 
@@ -81,9 +85,15 @@ def print_dead_letters(entries: list[dict[str, Any]]) -> None:
 
 @dlq.command("show")
 @click.argument("entry_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the entry as one JSON object.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the entry as one JSON object, its times both in ms (firstFailedAtMs) and ISO.",
+)
 def dlq_show(entry_id: str, as_json: bool) -> None:
-    """Show one dead-letter entry, its checkpoint included."""
+    """Show one dead-letter entry, its checkpoint included. Times print as ISO 8601 UTC; --json
+    keeps the entry as stored, each time in ms since the epoch and as ISO text."""
     entry = job_context().dead_letters.get(entry_id)
     if entry is None:
         raise Failure(f"no dead-letter entry {entry_id!r}; `agentjobs dlq list` shows them")
@@ -92,12 +102,32 @@ def dlq_show(entry_id: str, as_json: bool) -> None:
     if as_json:
         print_json(entry)
         return
-    rows = [(k, str(v)) for k, v in entry.items() if k not in ("checkpoint", "kwargs")]
+    rows = entry_rows(entry)
     checkpoint = entry.get("checkpoint") or {}
     history = checkpoint.get("history") or []
-    rows.append(("checkpoint", f"{len(history)} messages, runId {checkpoint.get('runId', '-')}"))
+    messages = plural(len(history), "message", "messages")
+    rows.append(("checkpoint", f"{messages}, runId {checkpoint.get('runId', '-')}"))
     rows.append(("kwargs", orjson.dumps(entry.get("kwargs")).decode()[:200]))
     print_fields(rows)
+
+
+def entry_rows(entry: dict[str, Any]) -> list[tuple[str, str]]:
+    """An entry's summary fields as `dlq show` prints them, times as ISO UTC only: a
+    `<name>AtMs` field is left out when its ISO twin `<name>At` is there (the store gives
+    both), and printed as ISO under the twin's name when it is not."""
+    rows = []
+    for key, value in entry.items():
+        if key in ("checkpoint", "kwargs"):
+            continue
+        if key.endswith("AtMs"):
+            twin = key.removesuffix("Ms")
+            if twin in entry:
+                continue
+            ms = value if isinstance(value, int | float) and not isinstance(value, bool) else 0
+            rows.append((twin, iso_ms(int(ms)) if ms > 0 else str(value)))
+            continue
+        rows.append((key, str(value)))
+    return rows
 
 
 @dlq.command("replay")

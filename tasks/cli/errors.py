@@ -12,7 +12,8 @@ AgentjobsGroup, the root command's class, maps these once for every subcommand:
                                           worded where it is raised (not KeyError, IndexError:
                                           those are bugs)
     UnreadableRecord                      a damaged turn record, and how to get rid of it
-    ActionConflict                        a decision that cannot be recorded, and why
+    ActionConflict                        a decision that cannot be recorded, and why, the
+                                          Python calls it names put as commands
     click.UsageError                      a bad argument, and which `--help` to read
 
 Anything else is a bug and keeps its traceback. No message shows a URL's user or password.
@@ -102,7 +103,7 @@ def _job_message(exc: BaseException) -> str | None:
     if isinstance(exc, SettingsError):
         return f"bad setting: {exc}; fix it in the environment and run again"
     if isinstance(exc, ActionConflict):
-        return f"{exc}; `agentjobs turn pending` lists what waits for a decision"
+        return f"{cli_wording(str(exc))}; `agentjobs turn pending` lists what waits for a decision"
     if isinstance(exc, UnreadableRecord):
         return (
             f"turn record {exc.turn_id!r} is unreadable ({exc.problem}); the job system skips "
@@ -111,6 +112,23 @@ def _job_message(exc: BaseException) -> str | None:
     if isinstance(exc, ReplayError | LookupError) and not isinstance(exc, KeyError | IndexError):
         return str(exc.args[0]) if exc.args else type(exc).__name__
     return None
+
+
+# The Python names a decision's refusal (ActionConflict, tasks/operate/people.py) is worded
+# with, and what does the same on the command line.
+_CLI_NAMES = {
+    "approve_action": "`agentjobs turn approve`",
+    "reject_action": "`agentjobs turn reject`",
+    "answer_question": "`agentjobs turn answer`",
+    "edited_args": "--args",
+}
+_PYTHON_NAME = re.compile(r"\b(" + "|".join(_CLI_NAMES) + r")\b")
+
+
+def cli_wording(text: str) -> str:
+    """`text` with the Python calls and arguments it names replaced by the commands and
+    options a person at the command line uses instead."""
+    return _PYTHON_NAME.sub(lambda found: _CLI_NAMES[found[1]], text)
 
 
 class Failure(click.ClickException):

@@ -24,10 +24,12 @@ from tasks.cli.output import (
     terminal_width,
 )
 from tasks.core.errors import JobError
+from tasks.core.schema import Field
 from tasks.operate.control import cancel_turn
 from tasks.operate.events import TurnEvent, iter_events
 from tasks.operate.inspect import list_turns, pump_may_be_down, summary_of
 from tasks.queue.context import JobContext, job_context
+from tasks.store.dead_letters import iso_ms
 from tasks.store.pending import pending_actions
 from tasks.store.records import TurnRecord, TurnState
 
@@ -92,7 +94,11 @@ def turn_show(turn_id: str, as_json: bool, identity: dict[str, str] | None) -> N
 
 def _shown(ctx: JobContext, record: TurnRecord) -> dict[str, Any]:
     """What `turn show` says of a record: the record, its progress, its state in words, the
-    decisions it waits for and, for a waiting turn, whether its retry is overdue."""
+    decisions it waits for and, for a waiting turn, whether its retry is overdue; then the
+    message it was submitted with, the pause's times, and each time again as ISO 8601 UTC
+    text (`createdAt` beside `createdAtMs`; None where the ms are None). While a turn is
+    paused its deadline's clock stands still: `deadlineAtMs` is then the deadline from before
+    the pause, and `deadlineLeftMs` what is left of it."""
     progress, unreadable = _progress_of(ctx, record)
     data = record.as_dict(progress)
     if unreadable:
@@ -101,16 +107,87 @@ def _shown(ctx: JobContext, record: TurnRecord) -> dict[str, Any]:
     data["pending"] = [action.as_dict() for action in pending_actions(record)]
     if record.state == TurnState.WAITING:
         data["overdue"] = pump_may_be_down(ctx, record.due_at_ms)
+    data.setdefault("message", _message_of(record.payload))
+    data.setdefault("pausedAtMs", record.paused_at_ms or None)
+    data.setdefault("pauseExpiresAtMs", record.pause_expires_at_ms or None)
+    if record.state == TurnState.PAUSED:
+        data.setdefault("deadlineLeftMs", _deadline_left_ms(ctx, record))
+    for key in _TIMES:
+        ms = data.get(f"{key}Ms")
+        data.setdefault(key, iso_ms(ms) if isinstance(ms, int) and ms > 0 else None)
     return data
 
 
+# The times `turn show` gives as ISO text, each beside its `<name>Ms` field.
+_TIMES = (
+    "createdAt",
+    "updatedAt",
+    "startedAt",
+    "finishedAt",
+    "dueAt",
+    "firstFailedAt",
+    "pausedAt",
+    "pauseExpiresAt",
+    "deadlineAt",
+)
+
+
+def _message_of(payload: Any) -> str | None:
+    """The message a turn was submitted with, or None when its payload holds no text one."""
+    message = payload.get("message") if isinstance(payload, dict) else None
+    return message if isinstance(message, str) else None
+
+
+def _deadline_left_ms(ctx: JobContext, record: TurnRecord) -> int | None:
+    """How much of a paused turn's deadline is left: its clock stops while it is paused (the
+    record's deadlineAtMs is set again when it resumes). None when it has no deadline."""
+    key = ctx.keys.for_namespace(record.namespace).turn(record.turn_id)
+    raw: Any = ctx.redis.hget(key, Field.DEADLINE_LEFT_MS)
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return int(text) if isinstance(text, str) and text.isdigit() else None
+
+
+def _time_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """The turn's times as `turn show` prints them: ISO UTC, only those that apply to its
+    state (the next retry while waiting, the pause's while paused)."""
+    state = data["state"]
+    shown = ["createdAt", "startedAt", "updatedAt", "finishedAt"]
+    if state == TurnState.WAITING:
+        shown.append("dueAt")
+    if state == TurnState.PAUSED:
+        shown += ["pausedAt", "pauseExpiresAt"]
+    rows = [(_TIME_LABELS[key], data[key]) for key in shown if data.get(key)]
+    left = data.get("deadlineLeftMs")
+    if state == TurnState.PAUSED and data.get("deadlineAtMs"):
+        # deadlineAtMs is stale while paused: what counts is the time left when it resumes.
+        held = f"{human_s(left / 1000)} left" if isinstance(left, int) else "held"
+        rows.append(("deadline", f"{held}, its clock stopped while paused"))
+    elif data.get("deadlineAt"):
+        rows.append(("deadline", data["deadlineAt"]))
+    return rows
+
+
+_TIME_LABELS = {
+    "createdAt": "created",
+    "startedAt": "started",
+    "updatedAt": "updated",
+    "finishedAt": "finished",
+    "dueAt": "next retry due",
+    "pausedAt": "paused at",
+    "pauseExpiresAt": "pause expires",
+}
+
+
 def _shown_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
-    rows = [("state", data["describe"])]
+    rows = [("turn", data["turnId"]), ("state", data["describe"])]
     if data.get("overdue"):
         rows.append(("overdue", "its retry is due but no pump took it: is `agentjobs pump` up?"))
     for key in ("agent", "conversationId", "attempt", "deliveries", "worker", "lastError"):
         if data.get(key) not in (None, ""):
             rows.append((key, str(data[key])))
+    rows += _time_rows(data)
+    if data.get("message") is not None:
+        rows.append(("message", _cut(data["message"], 200)))
     for action in data.get("pending") or []:
         asks = action["question"] or orjson.dumps(action["args"]).decode()
         rows.append(("pending", f"{action['requestId']}: {action['kind']} {action['tool']} {asks}"))
@@ -121,6 +198,12 @@ def _shown_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
     if data.get("result"):
         rows.append(("result", orjson.dumps(data["result"]).decode()[:200]))
     return rows
+
+
+def _cut(text: str, width: int) -> str:
+    """`text` on one line, cut to `width` characters with an ellipsis."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def _progress_of(ctx: JobContext, record: TurnRecord) -> tuple[AgentRunCheckpoint | None, str]:

@@ -159,13 +159,21 @@ def _decide(
     raise ActionConflict(turn_id, request_id, _refusal(status, reply[1:], decision))
 
 
+# The call that makes each decision, as a refusal names it (the command line says
+# `agentjobs turn approve` and so on instead: tasks/cli/errors.py).
+_CALLS = {"approve": "approve_action", "reject": "reject_action", "answer": "answer_question"}
+
+
 def _refusal(status: str, detail: list[str], decision: str) -> str:
     if status == "conflict":
         return "it was already decided otherwise"
     if status == "kind":
+        # Rejecting fits either kind, so the refused decision is approving or answering.
         kind = detail[0] if detail else "request"
-        wanted = "approve_action or reject_action" if kind == "approval" else "answer_question"
-        return f"a {kind} is decided with {wanted}, not {decision}"
+        fits = "approve_action" if kind == "approval" else "answer_question"
+        article = "an" if kind[:1] in ("a", "e", "i", "o", "u") else "a"
+        made = _CALLS.get(decision, decision)
+        return f"{article} {kind} is decided with {fits} or reject_action, not {made}"
     if status == "unknown":
         return "that request was never pending on this turn"
     if status == "ended":

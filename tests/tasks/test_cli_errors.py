@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli.errors import redis_location
+from tasks.cli.errors import cli_wording, operator_message, redis_location
+from tasks.core.errors import ActionConflict
+from tasks.operate.people import _refusal
 from tasks.testing import free_port, job_env
 
 AGENTJOBS = str(Path(sys.executable).parent / "agentjobs")
@@ -103,6 +105,8 @@ def test_a_bad_redis_url_is_refused_without_quoting_it() -> None:
         (["turn", "list", "--agent", ""], "must not be empty"),
         (["turn", "show"], "Missing argument 'TURN_ID'"),
         (["conversation", "show", "c", "--tenant", " "], "must not be empty"),
+        (["conversation", "show", "c", "--all", "--last", "2"], "give --last N or --all"),
+        (["conversation", "show", "c", "--last", "-1"], "-1 is not in the range x>=0"),
         (["turn", "sho", "x"], "No such command 'sho'"),
         (["stats", "--jsn"], "--jsn"),
     ],
@@ -139,3 +143,48 @@ def test_redis_location_never_shows_credentials() -> None:
     assert redis_location(f"redis://u:{PASSWORD}@10.0.0.5:6380/2") == "10.0.0.5:6380"
     assert redis_location(f"rediss://:{PASSWORD}@cache.internal") == "cache.internal:6379"
     assert redis_location("unix:///run/redis.sock") == "unix socket /run/redis.sock"
+
+
+@pytest.mark.parametrize(
+    ("kind", "decision", "python", "command_line"),
+    [
+        (
+            "approval",
+            "answer",
+            "an approval is decided with approve_action or reject_action, not answer_question",
+            "an approval is decided with `agentjobs turn approve` or `agentjobs turn reject`, "
+            "not `agentjobs turn answer`",
+        ),
+        (
+            "question",
+            "approve",
+            "a question is decided with answer_question or reject_action, not approve_action",
+            "a question is decided with `agentjobs turn answer` or `agentjobs turn reject`, "
+            "not `agentjobs turn approve`",
+        ),
+    ],
+)
+def test_a_decision_of_the_wrong_kind_names_calls_in_python_and_commands_on_the_command_line(
+    kind: str, decision: str, python: str, command_line: str
+) -> None:
+    # Given the refusal a Python caller gets (its type and code as ever)
+    refused = ActionConflict("t-1", "req-1", _refusal("kind", [kind], decision))
+    assert str(refused) == f"turn t-1, request req-1: {python}"
+    assert refused.code == "ERR_ACTION_CONFLICT" and isinstance(refused, ValueError)
+    # Then the command line prints it with its commands in place of the Python calls
+    assert operator_message(refused) == (
+        f"turn t-1, request req-1: {command_line}; `agentjobs turn pending` lists what waits "
+        "for a decision"
+    )
+
+
+def test_edited_args_read_as_the_args_option_on_the_command_line() -> None:
+    refused = ActionConflict("t-1", "req-1", "edited_args holds an integer beyond 64 bits")
+    assert operator_message(refused) == (
+        "turn t-1, request req-1: --args holds an integer beyond 64 bits; `agentjobs turn "
+        "pending` lists what waits for a decision"
+    )
+    # Only whole names change: a word that merely holds one stays as it is
+    assert cli_wording("my_edited_args_x and approve_actions") == (
+        "my_edited_args_x and approve_actions"
+    )

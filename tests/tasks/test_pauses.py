@@ -189,7 +189,7 @@ def test_a_question_is_answered_verbatim_and_only_by_answer_question(jobs: Any) 
     result, _ = submit("ask")
     [question] = paused(result.id)
     assert (question.kind, question.question) == ("question", "Which order?")
-    with pytest.raises(ActionConflict, match="answer_question"):
+    with pytest.raises(ActionConflict, match="answer_question or reject_action, not approve_"):
         approve_action(result.id, question.request_id)
     with pytest.raises(ActionConflict, match="never pending"):
         answer_question(result.id, "req-made-up", "A")
@@ -297,7 +297,11 @@ def test_the_command_line_lists_and_decides_pauses(jobs: Any) -> None:
     assert "paused: waiting" in cli("turn", "show", refund.id)
 
     wrong = cli("turn", "approve", question.id, asked.request_id, exit_code=1)
-    assert "answer_question" in wrong and "turn pending" in wrong
+    assert (
+        "a question is decided with `agentjobs turn answer` or `agentjobs turn reject`, "
+        "not `agentjobs turn approve`"
+    ) in wrong
+    assert "turn pending" in wrong and "answer_question" not in wrong
     edited = '{"order_id": "C", "tag": "cli"}'
     assert "approved" in cli("turn", "approve", refund.id, approval.request_id, "--args", edited)
     assert "already decided" in cli(
