@@ -14,8 +14,8 @@ from tasks.core.errors import (
     TurnCancelled,
     TurnDeadLettered,
 )
-from tasks.core.namespaces import namespace_for
-from tasks.operate.control import cancel_conversation, cancel_turn
+from tasks.core.namespaces import IdentityHint, namespace_for
+from tasks.operate.control import cancel_conversation, cancel_turn, identity_hint
 from tasks.operate.events import TurnEvent, iter_events
 from tasks.operate.people import answer_question, approve_action, reject_action
 from tasks.operate.status import TurnStatus, turn_status
@@ -35,13 +35,24 @@ def load_conversation(
 ) -> AgentRunCheckpoint | None:
     """The conversation as stored after its last completed turn, or None if it has none.
 
-    `identity` ({tenant?, principal?}) selects the namespace, as it did for run_turn.
+    `identity` ({tenant?, principal?}) selects the namespace, as it did for run_turn: a
+    conversation whose turns were submitted with an identity is not found without it. When
+    None comes back and the namespace has no unfinished turn either, this warns IdentityHint
+    (tasks.core.namespaces): called without tenant and principal, that the default namespace
+    `_/_/<id>` was used; called with an identity, where the conversation is when it is filed
+    under a part of that identity (tenant alone, principal alone, or neither). Key lookups
+    only, never a scan (tasks.operate.control.identity_hint).
     """
-    return job_context().store.load(namespace_for(conversation_id, identity))
+    ctx = job_context()
+    found = ctx.store.load(namespace_for(conversation_id, identity))
+    if found is None:
+        identity_hint(ctx, "load_conversation", conversation_id, identity)
+    return found
 
 
 __all__ = [
     "ActionConflict",
+    "IdentityHint",
     "InvalidTurnRequest",
     "PendingAction",
     "Reason",

@@ -30,22 +30,41 @@ from typing import Any
 
 import redis
 
+# The port the Procfile's metrics exporter listens on (`agentjobs metrics`' default).
+METRICS_PORT = 9808
 # The deployment's processes, {name: shell command}: the Procfile's lines, here so the demo and
 # the tests run them from an installed package too (tests/tasks/test_procfile.py checks that
 # the Procfile says the same).
 PROCFILE = {
     "worker": "celery -A tasks worker --pool threads --loglevel INFO",
     "pump": "agentjobs pump",
-    "metrics": "agentjobs metrics --port 9808",
+    "metrics": f"agentjobs metrics --port {METRICS_PORT}",
 }
 # What each of them logs once it is ready.
 READY = {"worker": "ready.", "pump": "pump started", "metrics": "serving metrics on"}
+
+
+def procfile(*, metrics_port: int = METRICS_PORT) -> dict[str, str]:
+    """PROCFILE with its metrics exporter on `metrics_port`."""
+    return {**PROCFILE, "metrics": f"agentjobs metrics --port {metrics_port}"}
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on host:port now, binding as Python's HTTP servers do
+    (SO_REUSEADDR: a port held only by closed connections counts as free)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def free_cluster_port() -> int:

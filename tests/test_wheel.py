@@ -4,11 +4,18 @@ files beside the package (a Procfile, a repository root) instead of inside it.
 
 The wheel is built from a copy of the tree (the tree is shared: a build writes build/ and
 *.egg-info into the directory it builds), without build isolation, so with this venv's
-setuptools and no download."""
+setuptools and no download.
+
+And the installed wheel runs a turn: pip installs it into a fresh venv (its dependencies from
+the package index), and that venv's `celery -A tasks worker` and `agentjobs pump`, started in
+a directory holding only the user's agent module, answer a turn submitted by that venv's
+Python. Nothing of the source tree is on their path."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.testing import PROCFILE, READY, Process, RedisServer, start_process
 from tests.conftest import ROOT
 
 # Not copied for the build: what a checkout has besides its files.
@@ -131,3 +139,119 @@ def test_no_module_in_the_wheel_looks_for_the_source_tree(wheel: zipfile.ZipFile
         and (lookups := source_tree_lookups(ast.parse(wheel.read(name), filename=name)))
     }
     assert not found, f"modules that look beside the package for files: {found}"
+
+
+# The user's agent module, as someone who installed the wheel writes it: an agent whose model
+# is a provider class of its own (agent.LLMProvider's shape), answering every request. Its
+# answer names the `tasks` package the worker imported, so the test sees which one ran.
+AGENT_MODULE = """\
+import os
+
+import tasks
+from agent import Agent, LLMRequest, LLMResponse
+
+
+class EchoModel:
+    name = "echo"
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        said = [m["content"] for m in request.messages if m.get("role") == "user"]
+        return LLMResponse(content=f"echo: {said[-1]} | {os.path.dirname(tasks.__file__)}")
+
+
+def build() -> Agent:
+    return Agent(provider=EchoModel(), model="echo-1", id="echo")
+"""
+
+# What the user's client runs: submit a turn, wait for it, read the conversation back.
+CLIENT = """\
+import json
+import sys
+
+import agent
+import tasks
+from tasks import load_conversation, run_turn
+
+reply = run_turn.delay(agent="echo", conversation_id="c-wheel", message="hello").get(timeout=60)
+stored = load_conversation("c-wheel")
+print(json.dumps({
+    "tasks": tasks.__file__,
+    "agent": agent.__file__,
+    "path": sys.path,
+    "reply": reply,
+    "history": [m["role"] for m in stored.history] if stored else None,
+}))
+"""
+
+
+def installed_env(venv: Path, redis_url: str) -> dict[str, str]:
+    """The environment of the installed deployment: the fresh venv's commands first on PATH and
+    the test run's venv off it, no PYTHONPATH, none of this process's agentjobs or Celery
+    settings."""
+    ours = str(Path(sys.executable).parent)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AGENTJOBS_", "CELERY_")) and k not in ("PYTHONPATH", "VIRTUAL_ENV")
+    }
+    path = [p for p in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p and p != ours]
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), *path])
+    env["VIRTUAL_ENV"] = str(venv)
+    env["REDIS_URL"] = redis_url
+    env["AGENTJOBS_AGENTS"] = "echo=myagents:build"
+    return env
+
+
+@pytest.mark.integration
+def test_the_installed_wheel_runs_a_turn(wheel: zipfile.ZipFile, tmp_path: Path) -> None:
+    assert wheel.filename is not None
+    assert not tmp_path.resolve().is_relative_to(ROOT), "the venv must be outside the tree"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    # The dependencies come from the package index (pip's cache helps a second run).
+    install = [python, "-m", "pip", "install", "--quiet", wheel.filename]
+    done = subprocess.run(install, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"pip install of the wheel failed:\n{done.stdout}{done.stderr}"
+
+    app_dir = tmp_path / "app"  # holds the user's agent module and nothing else
+    app_dir.mkdir()
+    (app_dir / "myagents.py").write_text(AGENT_MODULE)
+    server = RedisServer(tmp_path / "redis").start()
+    env = installed_env(venv, server.url)
+    logs = tmp_path / "logs"
+    started: list[Process] = []
+    try:
+        for name in ("worker", "pump"):  # the Procfile's lines, as a deployment runs them
+            started.append(
+                start_process(name, PROCFILE[name], env, logs, ready=READY[name], cwd=app_dir)
+            )
+        client = subprocess.run(
+            [python, "-c", CLIENT], cwd=app_dir, env=env, capture_output=True, text=True, timeout=90
+        )
+        assert client.returncode == 0, client.stdout + client.stderr
+        seen = json.loads(client.stdout.strip().splitlines()[-1])
+        assert all(process.alive() for process in started)
+    except BaseException:
+        for process in started:
+            print(f"--- {process.name} log ---\n{process.log()[-3000:]}")
+        raise
+    finally:
+        for process in started:
+            process.terminate()
+        for process in started:
+            process.stop()
+        server.stop()
+
+    installed = (venv / "lib").resolve()
+    # The client, and the worker that answered, imported the installed packages.
+    assert Path(seen["tasks"]).resolve().is_relative_to(installed), seen["tasks"]
+    assert Path(seen["agent"]).resolve().is_relative_to(installed), seen["agent"]
+    content, worker_tasks = seen["reply"]["content"].split(" | ")
+    assert content == "echo: hello"
+    assert Path(worker_tasks).resolve().is_relative_to(installed), worker_tasks
+    assert not [p for p in seen["path"] if p and Path(p).resolve().is_relative_to(ROOT)]
+    assert seen["reply"]["turnNumber"] == 1 and seen["reply"]["attempts"] == 1
+    assert seen["history"] == ["user", "assistant"]
+    # The deployment needed nothing in its directory but the agent module.
+    assert {p.name for p in app_dir.iterdir()} <= {"myagents.py", "__pycache__"}

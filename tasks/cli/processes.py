@@ -47,7 +47,13 @@ def metrics(port: int, host: str) -> None:
 
 
 @click.command("demo")
-def demo() -> None:
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port of the demo's metrics exporter (default 9808, or a free one when 9808 is taken).",
+)
+def demo(metrics_port: int | None) -> None:
     """Run the demo: a worker and the pump on Redis, four turns (a retry, a dead letter, an
     approval), the dead letters."""
-    raise SystemExit(demo_process.main())
+    raise SystemExit(demo_process.main(metrics_port=metrics_port))

@@ -5,9 +5,11 @@ pauses, holding no worker, until the demo approves it. Stops everything it start
 
 Its agent (tasks/demo/agents.py) is registered in the environment the demo gives its own
 processes, never in the production registry; its keys, queues and results live under a key
-prefix of its own, and on a shared Redis it removes them afterwards. The dead letters are shown
-by the operator's own command, `agentjobs dlq list`, run as a process of its own. Runs from an
-installed package: its processes are tasks.testing.PROCFILE's, in the current directory.
+prefix of its own, and on a shared Redis it removes them afterwards, with its entries in the
+one key kombu shares between every app on a Redis (`_kombu.binding_deadlines`). The dead
+letters are shown by the operator's own command, `agentjobs dlq list`, run as a process of its
+own. Runs from an installed package: its processes are tasks.testing.PROCFILE's, in the current
+directory, with the metrics exporter moved off port 9808 when something else listens there.
 
 May import: tasks (the public surface, as a user's code does), tasks.testing, tasks.providers,
 tasks.operate, tasks.queue, tasks.core, agent.
@@ -16,6 +18,7 @@ tasks.operate, tasks.queue, tasks.core, agent.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,11 +131,48 @@ def approve_all(label: str, event: TurnEvent) -> None:
         approve_action(event.turn_id, pending["requestId"], actor="the demo")
 
 
-def remove_demo_keys(client: Any, prefix: str) -> int:
-    """Leave a shared Redis as the demo found it: its keys, queues, exchanges and results all
-    carry its prefix."""
-    keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
-    return int(client.delete(*keys)) if keys else 0
+def demo_name(prefix: str) -> re.Pattern[str]:
+    """What names a key, queue or exchange of the demo's: its prefix as a whole word, at the
+    start or after a separator, and followed by `:`, `.` or nothing. Keys start with it
+    (`<prefix>:{3}:turn:...`), kombu's name its queues and exchanges
+    (`_kombu.binding.<prefix>.turns`, `reply.<prefix>.pidbox`); a demo whose pid starts with
+    this one's digits is another demo."""
+    return re.compile(rf"(?:^|[^\w-]){re.escape(prefix)}(?:$|[:.])")
+
+
+def kombu_shared_keys() -> list[str]:
+    """The keys kombu's Redis transport shares between every app on one Redis, whose members
+    name one app's exchanges: the binding tables' deadlines (a sorted set, in the kombu
+    versions that have them)."""
+    from kombu.transport.redis import Channel
+
+    deadlines = getattr(Channel, "keyprefix_binding_deadlines", None)
+    return [deadlines] if isinstance(deadlines, str) else []
+
+
+def _text(name: bytes | str) -> str:
+    return name.decode(errors="replace") if isinstance(name, bytes) else name
+
+
+def remove_demo_keys(client: Any, prefix: str) -> tuple[int, int]:
+    """Leave a shared Redis as the demo found it: remove every key whose name carries the
+    demo's prefix (its keys, queues, exchanges' binding tables and results), and its members
+    of kombu's shared keys (a key left empty is gone with them; another app's members stay).
+    Returns (keys removed, members removed)."""
+    ours = demo_name(prefix)
+    keys = [
+        key for key in client.scan_iter(match=f"*{prefix}*", count=1000) if ours.search(_text(key))
+    ]
+    removed = int(client.delete(*keys)) if keys else 0
+    members = 0
+    for shared in kombu_shared_keys():
+        mine = [
+            member
+            for member, _ in client.zscan_iter(shared, match=f"*{prefix}*", count=1000)
+            if ours.search(_text(member))
+        ]
+        members += int(client.zrem(shared, *mine)) if mine else 0
+    return removed, members
 
 
 def keep_logs(workdir: Path) -> None:
@@ -163,8 +203,19 @@ def show_dead_letters(env: dict[str, str]) -> bool:
     return True
 
 
-def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
-    from tasks.testing import PROCFILE, READY, Process, start_process, wait_until
+def metrics_port_for(requested: int | None, default: int | None = None) -> int:
+    """The port the demo's metrics exporter listens on: the one asked for, else the Procfile's
+    (`default`: 9808) when nothing listens there, else a free one."""
+    from tasks.testing import METRICS_PORT, free_port, port_is_free
+
+    if requested is not None:
+        return requested
+    port = METRICS_PORT if default is None else default
+    return port if port_is_free(port) else free_port()
+
+
+def run_demo(redis_url: str, workdir: Path, *, shared: bool, metrics_port: int) -> int:
+    from tasks.testing import READY, Process, procfile, start_process, wait_until
 
     env = demo_env(redis_url)
     # This process is the demo's client: same settings as its processes.
@@ -174,7 +225,7 @@ def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
 
     processes: list[Process] = []
     try:
-        for name, command in PROCFILE.items():
+        for name, command in procfile(metrics_port=metrics_port).items():
             try:
                 processes.append(start_process(name, command, env, workdir, ready=READY[name]))
             except (RuntimeError, AssertionError) as exc:  # died at start, or never ready
@@ -206,22 +257,34 @@ def run_demo(redis_url: str, workdir: Path, *, shared: bool) -> int:
             process.stop()
         say(f"stopped the {', '.join(p.name for p in processes)}")
         if shared:
-            removed = remove_demo_keys(job_context().redis, env["AGENTJOBS_KEY_PREFIX"])
-            say(f"removed the demo's {removed} keys from the shared Redis")
+            keys, members = remove_demo_keys(job_context().redis, env["AGENTJOBS_KEY_PREFIX"])
+            say(
+                f"removed the demo's {keys} keys from the shared Redis, and its {members} "
+                "entries in kombu's shared binding deadlines"
+            )
 
 
-def main() -> int:
+def main(metrics_port: int | None = None) -> int:
+    """Run the demo; 0 when it ran through. `metrics_port`: where its metrics exporter
+    listens (default: 9808, or a free port when something else listens there)."""
     import redis
 
     from tasks.core.settings import load_settings
-    from tasks.testing import RedisServer, redis_answers
+    from tasks.testing import METRICS_PORT, RedisServer, port_is_free, redis_answers
 
+    port = metrics_port_for(metrics_port)
+    if metrics_port is not None and not port_is_free(port):
+        say(f"port {port} (asked for the metrics exporter) is in use: pick another")
+        return 1
+    if port != METRICS_PORT:
+        reason = "asked for" if metrics_port is not None else f"port {METRICS_PORT} is in use"
+        say(f"the demo's metrics exporter listens on port {port} ({reason})")
     with tempfile.TemporaryDirectory(prefix="agentjobs-demo-") as tmp:
         workdir = Path(tmp)
         configured = load_settings().redis_url
         if redis_answers(redis.Redis.from_url(configured, socket_timeout=1)):
             say("using the configured Redis (REDIS_URL); the demo's keys and queues are prefixed")
-            return run_demo(configured, workdir, shared=True)
+            return run_demo(configured, workdir, shared=True, metrics_port=port)
         if not RedisServer.available():
             say(
                 "no Redis answers at REDIS_URL (default 127.0.0.1:6379): set it, or install "
@@ -232,7 +295,7 @@ def main() -> int:
         server = RedisServer(workdir / "redis").start()
         say(f"started a private redis-server on port {server.port}")
         try:
-            return run_demo(server.url, workdir, shared=False)
+            return run_demo(server.url, workdir, shared=False, metrics_port=port)
         finally:
             server.stop()
             say("stopped the private redis-server")

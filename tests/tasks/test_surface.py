@@ -12,6 +12,7 @@ from tests.conftest import ROOT
 
 PINNED_ALL = [
     "ActionConflict",
+    "IdentityHint",
     "InvalidTurnRequest",
     "PendingAction",
     "Reason",
