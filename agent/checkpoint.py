@@ -185,27 +185,8 @@ def _renumber_top_level(value: Mapping[str, Any]) -> bool:
 
 def _check_history(history: list[Any]) -> bool:
     """Refuse a bad message by index; True when a number in history needs renumbering."""
-    # The hot path of every load: a few type tests per message, the slow explanation only on
-    # failure. The usual shapes (text, tool result, tool calls with string args) are known to
-    # hold no number without walking them.
-    renumber = False
-    for message in history:
-        if (
-            type(message) is not dict
-            or type(message.get("role")) is not str
-            or type(message.get("content")) is not str
-        ):
-            break
-        size = len(message)
-        if renumber or size == 2:
-            continue
-        if size == 4:
-            if type(message.get("toolCallId")) is str and type(message.get("toolName")) is str:
-                continue
-        elif size == 3 and _string_tool_calls(message.get("toolCalls")):
-            continue
-        renumber = needs_js_numbers(message)
-    else:
+    renumber = _scan_history(history)
+    if renumber is not None:
         return renumber
     for index, message in enumerate(history):
         where = f"history[{index}]"
@@ -223,24 +204,53 @@ def _check_history(history: list[Any]) -> bool:
     return needs_js_numbers(history)
 
 
-def _string_tool_calls(calls: object) -> bool:
-    """True for a toolCalls list of {id, name, args} whose args are all strings."""
-    if type(calls) is not list:
-        return False
-    for call in calls:
-        if type(call) is not dict or len(call) != 3:
-            return False
-        args = call.get("args")
-        if (
-            type(args) is not dict
-            or type(call.get("id")) is not str
-            or type(call.get("name")) is not str
-        ):
-            return False
-        for item in args.values():
-            if type(item) is not str:
-                return False
-    return True
+def _scan_history(history: list[Any]) -> bool | None:
+    """The hot path of every load: whether a number in history needs renumbering, or None when a
+    message is not a dict with string role and content (the caller then explains, or accepts
+    other mappings and str subclasses). A few type tests per message, all inline (a call costs
+    more than the tests): the usual shapes (text, tool result, tool calls with string args) are
+    known to hold no number without walking them; any other message is walked."""
+    renumber = False
+    try:
+        for message in history:
+            if (
+                type(message) is not dict
+                or type(message["role"]) is not str  # a missing key: KeyError, below
+                or type(message["content"]) is not str
+            ):
+                return None
+            size = len(message)
+            if renumber or size == 2:
+                continue
+            if size == 4:
+                if type(message.get("toolCallId")) is str and type(message.get("toolName")) is str:
+                    continue
+            elif size == 3:
+                # A toolCalls list of {id, name, args} whose args are all strings: no number.
+                calls = message.get("toolCalls")
+                if type(calls) is list:
+                    for call in calls:
+                        if type(call) is not dict or len(call) != 3:
+                            break
+                        args = call.get("args")
+                        if (
+                            type(args) is not dict
+                            or type(call.get("id")) is not str
+                            or type(call.get("name")) is not str
+                        ):
+                            break
+                        for item in args.values():
+                            if type(item) is not str:
+                                break
+                        else:
+                            continue  # this call holds no number
+                        break
+                    else:
+                        continue  # no call holds a number
+            renumber = needs_js_numbers(message)
+    except KeyError:
+        return None
+    return renumber
 
 
 def _check_evidence_recovery(value: object) -> None:
@@ -509,8 +519,12 @@ class AgentRunCheckpoint:
         if renumber:
             # Written with floats (2.0, -0.0, 1e-6...): from now on as the reference writes them.
             normalize_in_place(value)
-        if any(value.get(key, 0) is None for key in _NULL_MEANS_ABSENT):
-            value = {k: v for k, v in value.items() if v is not None or k not in _NULL_MEANS_ABSENT}
+        for key in _NULL_MEANS_ABSENT:  # a loop, not any(...): a generator costs more
+            if value.get(key, 0) is None:
+                value = {
+                    k: v for k, v in value.items() if v is not None or k not in _NULL_MEANS_ABSENT
+                }
+                break
         checkpoint = object.__new__(cls)
         object.__setattr__(checkpoint, "_wire", value)
         return checkpoint
