@@ -27,13 +27,27 @@ raises Ignore, so the line came with every one of them and read like a dropped t
 line beside it says what happened ("attempt 2 in 0.4 s", "paused for 1 decision(s)", "not run
 by this delivery: not_head"). The policy is replaced by the same one at DEBUG.
 tests/tasks/test_flower_events.py checks it; drop this if Celery lets a task choose the level.
+
+kombu 5.7 Redis transport: Channel.conn_or_acquire builds a new redis.Redis client for each call
+that is not handed one (every publish, every unacked record on delivery, every ack and reject),
+on the channel's one connection pool. Building it (an event dispatcher, the response-callback
+table) costs about 0.1 ms, several times a turn, and the client holds nothing a call needs apart
+from the pool. A channel now keeps the client it built and hands it out again while its pool is
+the same object. A redis.Redis on a pool (not a single-connection client) takes a connection
+from the pool for each command and gives it back, and each pipeline() is a new object, so the
+threads of a threads-pool worker can share it. The pool is looked up on each call as before:
+after the channel's pools are dropped (close, fork, a failed ping) the next call builds a new
+pool and a new client for it, or raises where the detached-channel workaround (the first here)
+raises. After a connection error kombu closes the channel and opens a new one, which builds its
+own client. tests/tasks/test_client_reuse.py checks it; drop this if kombu keeps its client.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -61,6 +75,27 @@ def _refuse_detached_channel(
     return _connparams
 
 
+# Where a channel keeps the client conn_or_acquire hands out (kombu uses none of this name).
+_REUSED_CLIENT = "_agentjobs_client"
+
+
+@contextlib.contextmanager
+def _conn_or_acquire(channel: Any, client: Any = None) -> Iterator[Any]:
+    if client:
+        yield client
+        return
+    pool = channel.pool  # builds the pool, or raises, exactly as kombu's call does
+    reused = channel.__dict__.get(_REUSED_CLIENT)
+    if reused is None or reused.connection_pool is not pool:
+        # Two threads may both get here; each builds a client on the same pool, one is kept.
+        reused = channel._create_client()
+        setattr(channel, _REUSED_CLIENT, reused)
+    yield reused
+
+
+_conn_or_acquire.agentjobs_workaround = True  # type: ignore[attr-defined]
+
+
 def _without_content(info: Callable[[str, dict[str, Any]], None]) -> Callable[..., None]:
     @functools.wraps(info)
     def _info(fmt: str, context: dict[str, Any]) -> None:
@@ -80,3 +115,5 @@ def install() -> None:
     current = kombu_redis.Channel._connparams
     if not getattr(current, "agentjobs_workaround", False):
         kombu_redis.Channel._connparams = _refuse_detached_channel(current)  # type: ignore[method-assign]
+    if not getattr(kombu_redis.Channel.conn_or_acquire, "agentjobs_workaround", False):
+        kombu_redis.Channel.conn_or_acquire = _conn_or_acquire  # type: ignore[method-assign,assignment]
