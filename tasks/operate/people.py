@@ -152,7 +152,7 @@ def _decide(
         return True
     if status == Decided.RESUMED:
         logger.info("turn %s resumes: every request of its pause is decided", turn_id)
-        wake(ctx, turn_id, record.namespace, reply[1], reply[2])
+        wake(ctx, turn_id, record.namespace, reply[1], reply[2], attempt=record.attempt)
         return True
     if status == Decided.SAME:
         return False

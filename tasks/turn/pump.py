@@ -147,7 +147,14 @@ def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tic
         if records.lease_holder(record.namespace) == turn.turn_id:
             return 0  # its renewal is late but the lease still stands
         logger.warning("turn %s lost its worker; waking it to resume", turn.turn_id)
-        ending.wake(ctx, turn.turn_id, record.namespace, record.agent, record.conversation_id)
+        ending.wake(
+            ctx,
+            turn.turn_id,
+            record.namespace,
+            record.agent,
+            record.conversation_id,
+            attempt=record.attempt,  # read above: wake need not read it again
+        )
         return 1
 
     def wake_stalled(turn: Due) -> int:
@@ -158,7 +165,12 @@ def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tic
         at_head = records.conversation_head(record.namespace) == turn.turn_id
         if (not record.namespace or at_head) and records.lease_holder(record.namespace) is None:
             ending.wake(
-                ctx, turn.turn_id, record.namespace or None, record.agent, record.conversation_id
+                ctx,
+                turn.turn_id,
+                record.namespace or None,
+                record.agent,
+                record.conversation_id,
+                attempt=record.attempt,
             )
             return 1
         return 0
