@@ -34,6 +34,7 @@ from agent.hooks import (
     RunHooks,
     RunStopped,
     Stop,
+    TokenDelta,
     ToolCallPhase,
     ToolCallReport,
 )
@@ -47,7 +48,7 @@ from agent.journal import (
     ResponseReport,
     ToolEffect,
 )
-from agent.messages import LLMProvider, LLMRequest, LLMResponse, ToolCall
+from agent.messages import LLMProvider, LLMRequest, LLMResponse, StreamChunk, ToolCall
 from agent.middleware import Deny, InputContext
 from agent.pauses import REJECTED, Decision, RunPause, ask_user
 from agent.providers.anthropic import AnthropicProvider
@@ -107,7 +108,9 @@ __all__ = [
     "ScriptedProvider",
     "SkillGraph",
     "Stop",
+    "StreamChunk",
     "TimeLayer",
+    "TokenDelta",
     "Tool",
     "ToolAbort",
     "ToolCall",

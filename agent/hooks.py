@@ -4,9 +4,11 @@ A host passes one `RunHooks` object to a door (`run`, `follow_up`, `resume_on_er
 `resume`) with `hooks=`. The run calls its methods, the check points, at these moments:
 
 - `before_model_call(ModelCallReport)`: phase `started`, just before the provider's
-  `complete`, the request already built. A stop here: the model is not called.
+  `complete` (or `stream`, see Tokens), the request already built. A stop here: the model is
+  not called.
 - `after_model_call(ModelCallReport)`: phase `finished`, just after `complete` returned (`ok`
-  True, `usage`) or raised (`ok` False, `error_type`). A stop here: the response is dropped
+  True, `usage`) or raised (`ok` False, `error_type`); for a streamed call, once its last chunk
+  came or it failed. A stop here: the response is dropped
   (nothing of it reaches the history, its usage is not counted) and, when the provider raised,
   the run ends with RunStopped instead of that error.
 - `on_response(ResponseReport)`: a response whose tools will run, before any of them runs (the
@@ -42,6 +44,13 @@ shape, with a failurePoint saying where it stopped, so `resume_on_error` continu
 stops still finish and call their own check points; the first stop or failure in the model's
 order of the calls then ends the run. A check point that RAISES still stops the run with
 `RunCheckpointError`, its cause that exception, exactly as the keyword hooks always have.
+
+Tokens: a door's `on_token` (a callable of one `TokenDelta`) is not a check point: it is called
+on the door's thread with each piece of answer text as the model writes it (from a provider
+that cannot stream, its whole text once), between `before_model_call` and `after_model_call`,
+and what it returns is ignored. It may be given
+together with `hooks=`. One that raises fails the model call (`after_model_call` reports it, `ok`
+False) and the run, as a check point that raises does.
 
 The keyword hooks (`on_progress`, `on_report`, `on_tool_call`, `on_model_call`,
 `on_response`) are an adapter over RunHooks (`keyword_hooks`): they see the same reports at the
@@ -124,6 +133,15 @@ class ModelCallReport:
     def first_call(self) -> bool:
         """Whether this is the run's first model call."""
         return self.call_number == 1
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """Answer text as the model writes it: `iteration` is the iteration of the model call (from
+    1, as AgentResult.iterations counts), `text` the piece it adds (never empty)."""
+
+    iteration: int
+    text: str
 
 
 class HookPoint(StrEnum):
@@ -216,6 +234,7 @@ ReportHook = Callable[[ProgressReport], object]
 ToolCallHook = Callable[[ToolCallReport], object]
 ModelCallHook = Callable[[ModelCallReport], object]
 ResponseHook = Callable[[ResponseReport], object]
+TokenHook = Callable[[TokenDelta], object]
 
 NO_HOOKS = RunHooks()
 
@@ -312,6 +331,8 @@ __all__ = [
     "RunHooks",
     "RunStopped",
     "Stop",
+    "TokenDelta",
+    "TokenHook",
     "ToolCallHook",
     "ToolCallPhase",
     "ToolCallReport",

@@ -30,6 +30,12 @@ it. A call past its limit is left running in its thread (Python cannot stop one)
 is dropped: the tool message says `[timed out] ...`, the `finished` report has `ok` False, the
 identical-call note does not count it, and the loop goes on. A tool without a limit runs inline.
 
+Tokens: with the host's `on_token`, a model call goes through the provider's `stream` when it
+has one; each piece of text is told to `on_token` as it comes, and the last chunk's response is
+used exactly as `complete`'s would be (the same reports, history and checkpoints). A provider
+without `stream` is called with `complete` and its whole text told at once. A stream that ends
+without its response is a resumable ProviderConnectionError.
+
 How a run ends: with an answer (Ended), a pause (Ended with `pause`), RunStopped (a check point
 returned a stop), RunCheckpointError (anything raised inside the loop, a hook's exception
 included) or MessageDeniedError (the input chain refused the message).
@@ -48,6 +54,7 @@ from typing import Any, Literal
 from agent.checkpoint import AgentRunCheckpoint
 from agent.errors import (
     MessageDeniedError,
+    ProviderConnectionError,
     RunCheckpointError,
     ToolAbort,
     classify_failure_phase,
@@ -63,6 +70,8 @@ from agent.hooks import (
     ProgressReport,
     RunHooks,
     RunStopped,
+    TokenDelta,
+    TokenHook,
     ToolCallPhase,
     ToolCallReport,
 )
@@ -81,6 +90,7 @@ from agent.messages import (
     LLMRequest,
     LLMResponse,
     Message,
+    StreamChunk,
     assistant_message,
     request_messages,
     tool_message,
@@ -140,6 +150,8 @@ class RunState:
     repeats: RepeatedCalls = field(default_factory=RepeatedCalls)
     # The host's check points for this run (agent/hooks.py).
     hooks: RunHooks = NO_HOOKS
+    # The host's watcher of answer text as it is written; with it, model calls stream.
+    on_token: TokenHook | None = None
     # Model calls made so far by this run (ModelCallReport.call_number).
     model_calls: int = 0
     # False once seeding fixed the turn's clock from the time layer: a fresh start would fix
@@ -333,12 +345,7 @@ class Loop:
         started = self._model_report(state, ModelCallPhase.STARTED)
         _go_on(HookPoint.BEFORE_MODEL_CALL, hooks.before_model_call(started))
         try:
-            response = self.provider.complete(request)
-            if not isinstance(response, LLMResponse):
-                raise TypeError(
-                    f"provider {self._provider_name()} returned "
-                    f"{type(response).__name__}, not an LLMResponse"
-                )
+            response = self._answer(state, request)
         except Exception as exc:
             failed = self._model_report(state, ModelCallPhase.FINISHED, error=exc)
             _go_on(HookPoint.AFTER_MODEL_CALL, hooks.after_model_call(failed))
@@ -350,6 +357,46 @@ class Loop:
         _add_usage(state.usage, response.usage)
         if state.pending_instruction is not None:
             state.pending_instruction = None  # the request that carried it completed
+        return response
+
+    def _answer(self, state: RunState, request: LLMRequest) -> LLMResponse:
+        """The provider's reply to `request`. When the host watches the tokens it is streamed
+        if the provider can, each piece of text told to `on_token`; a provider that cannot
+        tells its whole text at once, so the deltas of a call always join to its reply's."""
+        on_token = state.on_token
+        stream = getattr(self.provider, "stream", None) if on_token is not None else None
+        if on_token is None or not callable(stream):
+            response = self._checked(self.provider.complete(request))
+            if on_token is not None and response.content:
+                on_token(TokenDelta(state.iteration, response.content))
+            return response
+        chunks = stream(request)
+        try:
+            for chunk in chunks:
+                if not isinstance(chunk, StreamChunk):
+                    raise TypeError(
+                        f"provider {self._provider_name()} streamed "
+                        f"{type(chunk).__name__}, not a StreamChunk"
+                    )
+                if chunk.text:
+                    on_token(TokenDelta(state.iteration, chunk.text))
+                if chunk.response is not None:
+                    return self._checked(chunk.response)
+        finally:
+            close = getattr(chunks, "close", None)
+            if callable(close):  # an abandoned HTTP stream gives its connection back now
+                close()
+        raise ProviderConnectionError(
+            f"provider {self._provider_name()}: the stream ended without its final response; "
+            "the call can be retried"
+        )
+
+    def _checked(self, response: object) -> LLMResponse:
+        if not isinstance(response, LLMResponse):
+            raise TypeError(
+                f"provider {self._provider_name()} returned "
+                f"{type(response).__name__}, not an LLMResponse"
+            )
         return response
 
     def _provider_name(self) -> str:

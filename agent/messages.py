@@ -6,7 +6,8 @@ that checkpoint history holds; the runtime never mutates one after it is built.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -17,6 +18,9 @@ Message = dict[str, Any]
 # Keys that belong to the record but never reach a provider (docs/checkpoint.md, D9);
 # request_messages tests for the one there is by name.
 _RECORD_ONLY_KEYS = ("injectedBy",)
+
+# A word with the whitespace after it, or leading whitespace alone: the pieces join back exactly.
+_WORD_PIECES = re.compile(r"\S+\s*|\s+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +72,32 @@ class LLMRequest:
         return request
 
 
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One piece of a streamed reply: `text`, the answer text it adds (may be ""), and, on the
+    last chunk only, `response`, the whole reply as `complete` would have returned it."""
+
+    text: str
+    response: LLMResponse | None = None
+
+
 @runtime_checkable
 class LLMProvider(Protocol):
+    """`complete(request)` answers a request whole. A provider may also have
+    `stream(request) -> Iterator[StreamChunk]`, which the runtime uses when its host watches the
+    tokens (`on_token`); it is optional, so it is not part of the Protocol: the runtime looks
+    for it and falls back to `complete`."""
+
     name: str
 
     def complete(self, request: LLMRequest) -> LLMResponse: ...
+
+
+def stream_response(response: LLMResponse) -> Iterator[StreamChunk]:
+    """A reply a provider has whole, as a stream: its text a word at a time, then the reply."""
+    for piece in _WORD_PIECES.findall(response.content):
+        yield StreamChunk(piece)
+    yield StreamChunk("", response)
 
 
 def request_messages(history: Sequence[Message]) -> list[Message]:

@@ -15,6 +15,10 @@ which stop the run by returning a value (RunStopped), or the five keyword hooks 
 (agent/hooks.py tells when each point is called and what a stop there does). Not both: the door
 raises TypeError. A hook that raises stops the run with RunCheckpointError, that exception its
 cause and the last progress its checkpoint.
+
+Tokens: every door also takes `on_token`, called with a TokenDelta for each piece of answer text
+as the model writes it; with it the run streams its model calls where the provider can
+(agent/loop.py), and without it nothing changes.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from agent.hooks import (
     ReportHook,
     ResponseHook,
     RunHooks,
+    TokenHook,
     ToolCallHook,
     ToolCallPhase,
     ToolCallReport,
@@ -231,8 +236,10 @@ class Agent:
         on_model_call: ModelCallHook | None = None,
         on_response: ResponseHook | None = None,
         journal: IterationJournal | None = None,
+        on_token: TokenHook | None = None,
     ) -> AgentResult:
         """One turn. With `continue_from` it continues that conversation with a new user turn."""
+        _check_on_token("run", on_token)
         run_hooks = door_hooks(
             "run",
             hooks,
@@ -266,7 +273,7 @@ class Agent:
                 turn = max(1, _count_users(history) + 1)
             state = self._new_run(run_id, request.message, history, caller, turn, stored)
             state.clock = self._clock_for(state, run_time, resuming=False)
-            state.hooks, state.journal = run_hooks, journal
+            state.hooks, state.journal, state.on_token = run_hooks, journal, on_token
             return self._execute(state, append_user=True)
         finally:
             self._release()
@@ -283,8 +290,10 @@ class Agent:
         on_tool_call: ToolCallHook | None = None,
         on_model_call: ModelCallHook | None = None,
         on_response: ResponseHook | None = None,
+        on_token: TokenHook | None = None,
     ) -> AgentResult:
         """Continue this instance's last finished conversation with `message`."""
+        _check_on_token("follow_up", on_token)
         run_hooks = door_hooks(
             "follow_up",
             hooks,
@@ -308,6 +317,7 @@ class Agent:
             identity=identity,
             time=time,
             hooks=run_hooks,
+            on_token=on_token,
         )
 
     def resume_on_error(
@@ -323,9 +333,11 @@ class Agent:
         on_model_call: ModelCallHook | None = None,
         on_response: ResponseHook | None = None,
         journal: IterationJournal | None = None,
+        on_token: TokenHook | None = None,
     ) -> AgentResult:
         """Re-run the failed turn of `checkpoint`: same history, same turn, nothing appended.
         With `journal`, the iteration in flight continues from it (agent/journal.py)."""
+        _check_on_token("resume_on_error", on_token)
         run_hooks = door_hooks(
             "resume_on_error",
             hooks,
@@ -337,7 +349,9 @@ class Agent:
                 "on_response": on_response,
             },
         )
-        return self._resume("resume_on_error", checkpoint, identity, time, run_hooks, journal, {})
+        return self._resume(
+            "resume_on_error", checkpoint, identity, time, run_hooks, on_token, journal, {}
+        )
 
     def resume(
         self,
@@ -352,10 +366,13 @@ class Agent:
         on_tool_call: ToolCallHook | None = None,
         on_model_call: ModelCallHook | None = None,
         on_response: ResponseHook | None = None,
+        on_token: TokenHook | None = None,
     ) -> AgentResult:
         """Answer a paused run (agent/pauses.py): `decisions` by request id, for this
         instance's pause or, from any process, for `pause`. Requests left undecided pause the
-        run again."""
+        run again. The run goes on with model calls once the paused tools ran, so it streams
+        with `on_token` as the other doors do."""
+        _check_on_token("resume", on_token)
         run_hooks = door_hooks(
             "resume",
             hooks,
@@ -390,7 +407,14 @@ class Agent:
                 self._paused = None
         try:
             return self._resume(
-                "resume", pause.checkpoint, identity, time, run_hooks, pause.journal, decisions
+                "resume",
+                pause.checkpoint,
+                identity,
+                time,
+                run_hooks,
+                on_token,
+                pause.journal,
+                decisions,
             )
         except BaseException:
             if held is pause:
@@ -418,6 +442,7 @@ class Agent:
         identity: Mapping[str, Any] | None,
         time: Any,
         hooks: RunHooks,
+        on_token: TokenHook | None,
         journal: IterationJournal | None,
         decisions: Mapping[str, Decision],
     ) -> AgentResult:
@@ -440,7 +465,7 @@ class Agent:
                 pending = recovery.get("pending")
                 state.pending_instruction = pending["instruction"] if pending else None
             state.clock = self._clock_for(state, run_time, resuming=True)
-            state.hooks, state.journal = hooks, journal
+            state.hooks, state.journal, state.on_token = hooks, journal, on_token
             state.person_decisions = decisions
             return self._execute(state, append_user=False)
         finally:
@@ -604,6 +629,11 @@ class Agent:
             middleware_decisions=state.decisions,
             pause=ended.pause,
         )
+
+
+def _check_on_token(door: str, on_token: object) -> None:
+    if on_token is not None and not callable(on_token):
+        raise TypeError(f"[{door}] on_token= must be a function of one agent.TokenDelta")
 
 
 def _count_users(history: Sequence[Message]) -> int:

@@ -1,23 +1,31 @@
-"""What the HTTP providers share: one pooled client, error mapping, retry-after, redaction.
+"""What the HTTP providers share: one pooled client, error mapping, retry-after, redaction, and
+the Server-Sent Events of a streamed answer.
 
 Every failure leaves here as a ProviderError subclass whose message, args and attributes hold
 neither the API key nor the endpoint URL: provider error text is redacted before it is quoted
 (the rules of agent/redact.py, plus the key and every spelling of the endpoint), and httpx
 exceptions (whose `.request` carries the auth header) are never chained.
+
+A stream fails as a whole call does: an HTTP refusal before it starts is the same
+ProviderHTTPError, an error object inside it is the ProviderHTTPError its type would have come
+with as a status, and a stream that stalls or breaks mid-reply is a resumable
+ProviderTimeoutError or ProviderConnectionError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 import orjson
+from httpx_sse import EventSource, ServerSentEvent
 
 from agent.errors import (
     ProviderConnectionError,
@@ -26,11 +34,32 @@ from agent.errors import (
     ProviderResponseError,
     ProviderTimeoutError,
 )
+from agent.messages import LLMResponse, StreamChunk, stream_response
 from agent.redact import REDACTED, redact_tokens, redact_url_credentials, redact_values
 
 # Longest provider text quoted in an error message (after redaction, so a cut never exposes a
 # fragment of a secret).
 MAX_QUOTED_CHARS = 500
+
+_STREAM_HEADERS = {"accept": "text/event-stream", "cache-control": "no-store"}
+
+# The HTTP status each error type (or OpenAI code) of Anthropic's and OpenAI's APIs comes with,
+# so that an error object inside a stream (no status of its own) is classified as that refusal.
+_ERROR_TYPE_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "rate_limit_exceeded": 429,
+    "insufficient_quota": 429,
+    "api_error": 500,
+    "server_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
 
 
 def parse_retry_after(headers: Mapping[str, str], now_s: float | None = None) -> float | None:
@@ -115,8 +144,20 @@ def check_timeout(timeout_s: float) -> float:
     return float(timeout_s)
 
 
+class StreamedReply(Protocol):
+    """A provider's reply put back together from its stream's events, in the shape of the
+    whole answer its `parse_response` reads."""
+
+    def add(self, event: ServerSentEvent) -> str | None:
+        """Takes one event in: the answer text it adds, or None at the stream's end marker."""
+
+    def whole(self) -> dict[str, Any]:
+        """The reply as a whole (non-streamed) answer would have carried it."""
+
+
 class JSONEndpoint:
-    """POSTs JSON to one URL through one lazily created, thread-safe, pooled httpx.Client."""
+    """POSTs JSON to one URL through one lazily created, thread-safe, pooled httpx.Client, and
+    reads the answer whole (`post`) or as Server-Sent Events (`stream`)."""
 
     def redact(self, text: str) -> str:
         """`text` without this endpoint's key and URLs (for text quoted from elsewhere, such
@@ -161,30 +202,123 @@ class JSONEndpoint:
 
     def post(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The decoded JSON object of a 2xx answer, or a ProviderError."""
-        payload = orjson.dumps(body)
-        client = self.client()
         failure: ProviderError
         try:
-            response = client.post(self._url, content=payload)
-        except httpx.TimeoutException as exc:
-            failure = ProviderTimeoutError(
-                f"{self._provider} provider: no answer within {self._timeout_s:g}s "
-                f"({type(exc).__name__}); the call can be retried"
-            )
-        except httpx.TransportError as exc:
-            failure = ProviderConnectionError(
-                f"{self._provider} provider: connection failed ({type(exc).__name__}: "
-                f"{self._redact.quote(str(exc))}); check the network or the base URL, then retry"
-            )
-        except httpx.HTTPError as exc:  # decoding errors, too many redirects
-            failure = ProviderResponseError(
-                f"{self._provider} provider: unreadable answer ({type(exc).__name__}: "
-                f"{self._redact.quote(str(exc))})"
-            )
+            response = self.client().post(self._url, content=orjson.dumps(body))
+        except httpx.HTTPError as exc:
+            failure = self._transport_failure(exc, mid_reply=False)
         else:
             return self._decode(response)
         # Raised outside the except blocks so the httpx exception is not kept as __context__.
         raise failure
+
+    def stream(
+        self,
+        body: Mapping[str, Any],
+        reply: StreamedReply,
+        parse: Callable[[Mapping[str, Any]], LLMResponse],
+    ) -> Iterator[StreamChunk]:
+        """The text of `reply` as its events arrive, then `parse` of the whole of it, so the
+        last chunk holds what `post` and `parse` would have made of the same reply. A server
+        that ignores `stream` and answers with one JSON object is read as `post` reads it.
+
+        `timeout_s` bounds the connection and each wait between two pieces of the answer, as
+        it does for `post`, so a long reply is never cut for its length."""
+        # Closed with this generator, so a reader that stops early frees the connection now.
+        with contextlib.closing(self._events(body)) as events:
+            for event in events:
+                if isinstance(event, dict):
+                    yield from stream_response(parse(event))
+                    return
+                text = reply.add(event)
+                if text is None:
+                    response = parse(reply.whole())
+                    # What follows the end marker is the end of the body: read, the connection
+                    # goes back to the pool instead of being closed. Nothing is lost if it fails.
+                    with contextlib.suppress(ProviderError):
+                        for _ in events:
+                            pass
+                    yield StreamChunk("", response)
+                    return
+                if text:
+                    yield StreamChunk(text)
+        raise ProviderConnectionError(
+            f"{self._provider} provider: the stream ended before the reply was complete; "
+            "the call can be retried"
+        )
+
+    def _events(self, body: Mapping[str, Any]) -> Generator[ServerSentEvent | dict[str, Any]]:
+        """The events of a 2xx event-stream answer as they arrive (or the one JSON object of
+        a 2xx JSON answer), or a ProviderError."""
+        failure: ProviderError
+        mid_reply = False
+        try:
+            with self.client().stream(
+                "POST", self._url, content=orjson.dumps(body), headers=_STREAM_HEADERS
+            ) as response:
+                if not response.is_success:
+                    response.read()
+                    raise self._status_error(response)
+                content_type = response.headers.get("content-type", "").partition(";")[0]
+                if content_type.strip() != "text/event-stream":
+                    response.read()
+                    yield self._decode(response)
+                    return
+                mid_reply = True
+                yield from EventSource(response).iter_sse()
+                return
+        except httpx.HTTPError as exc:
+            failure = self._transport_failure(exc, mid_reply=mid_reply)
+        raise failure
+
+    def event_data(self, event: ServerSentEvent) -> dict[str, Any]:
+        """The JSON object an event carries ({} for an event without data, a keep-alive). An
+        error object (Anthropic's `error` event, OpenAI's `{"error": ...}` chunk) raises as
+        the refusal of its type would."""
+        if not event.data.strip():
+            return {}
+        try:
+            data = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            data = None
+        if not isinstance(data, dict):
+            raise ProviderResponseError(
+                f"{self._provider} provider: a stream event ({event.event}) is not a JSON "
+                f"object: {self._redact.quote(event.data)!r}",
+                status=200,
+            )
+        error = data.get("error")
+        if isinstance(error, dict):
+            raise self._stream_error(error)
+        return data
+
+    def _transport_failure(self, exc: httpx.HTTPError, *, mid_reply: bool) -> ProviderError:
+        name = type(exc).__name__
+        if isinstance(exc, httpx.TimeoutException):
+            if mid_reply:
+                return ProviderTimeoutError(
+                    f"{self._provider} provider: the stream stalled, nothing arrived within "
+                    f"{self._timeout_s:g}s ({name}); the call can be retried"
+                )
+            return ProviderTimeoutError(
+                f"{self._provider} provider: no answer within {self._timeout_s:g}s "
+                f"({name}); the call can be retried"
+            )
+        quoted = self._redact.quote(str(exc))
+        if isinstance(exc, httpx.TransportError):
+            if mid_reply:
+                return ProviderConnectionError(
+                    f"{self._provider} provider: the connection broke mid-reply ({name}: "
+                    f"{quoted}); the call can be retried"
+                )
+            return ProviderConnectionError(
+                f"{self._provider} provider: connection failed ({name}: "
+                f"{quoted}); check the network or the base URL, then retry"
+            )
+        # Decoding errors, too many redirects.
+        return ProviderResponseError(
+            f"{self._provider} provider: unreadable answer ({name}: {quoted})"
+        )
 
     def _decode(self, response: httpx.Response) -> dict[str, Any]:
         status = response.status_code
@@ -215,7 +349,19 @@ class JSONEndpoint:
             retry_after_s=retry_after_s,
         )
 
-    def _advice(self, status: int, retry_after_s: float | None) -> str:
+    def _stream_error(self, error: Mapping[str, Any]) -> ProviderHTTPError:
+        status = _error_status(error)
+        detail = _error_text(error)
+        quoted = self._redact.quote(detail) if detail else "no detail"
+        return ProviderHTTPError(
+            f"{self._provider} provider: error in the stream: {quoted}; "
+            f"{self._advice(status, None)}",
+            status=status,
+        )
+
+    def _advice(self, status: int | None, retry_after_s: float | None) -> str:
+        if status is None:
+            return "the provider failed mid-reply; the call can be retried"
         if status in (401, 403):
             return f"check the API key ({self._key_source}) and its permissions"
         if status == 429:
@@ -227,19 +373,35 @@ class JSONEndpoint:
 
 
 def _error_detail(content: bytes) -> str:
-    """`type/code: message` from an OpenAI- or Anthropic-shaped error body, else the raw text.
+    """`type/code: message` from an OpenAI- or Anthropic-shaped error body, else the raw text."""
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(error, dict):
+        return content.decode("utf-8", errors="replace").strip()
+    return _error_text(error)
+
+
+def _error_text(error: Mapping[str, Any]) -> str:
+    """`type/code: message` of an error object.
 
     The provider's code and type stay in the text because can_resume reads the message:
     `context_length_exceeded` and "prompt is too long" mean "do not retry".
     """
-    try:
-        data = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return content.decode("utf-8", errors="replace").strip()
-    error = data.get("error") if isinstance(data, dict) else None
-    if not isinstance(error, dict):
-        return content.decode("utf-8", errors="replace").strip()
     labels = [str(error[k]) for k in ("type", "code") if isinstance(error.get(k), str | int)]
     message = error.get("message")
     text = message if isinstance(message, str) else ""
     return f"{'/'.join(labels)}: {text}" if labels else text
+
+
+def _error_status(error: Mapping[str, Any]) -> int | None:
+    """The HTTP status an error object stands for: a numeric code, else its code's or type's."""
+    code = error.get("code")
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
+        return code
+    for label in (code, error.get("type")):
+        if isinstance(label, str) and label in _ERROR_TYPE_STATUS:
+            return _ERROR_TYPE_STATUS[label]
+    return None

@@ -4,16 +4,30 @@ Thinking blocks go back to the API exactly as they came (Anthropic refuses a too
 thinking signature changed), first in the assistant turn. Only the keys this mapping knows are
 sent; anything else on a history message stays in the record
 (docs/checkpoint.md, D9).
+
+A streamed message is put back together in the shape of a whole one (its content blocks, stop
+reason and usage) and read by the same `parse_response`, so `stream` ends with exactly the
+LLMResponse `complete` returns.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+from httpx_sse import ServerSentEvent
+
 from agent.errors import ProviderResponseError
-from agent.messages import LLMRequest, LLMResponse, Message, ToolCall
+from agent.messages import (
+    LLMRequest,
+    LLMResponse,
+    Message,
+    StreamChunk,
+    ToolCall,
+)
 from agent.providers._http import (
     JSONEndpoint,
     Redactor,
@@ -83,10 +97,22 @@ class AnthropicProvider:
         return self._endpoint.redact(text)
 
     def complete(self, request: LLMRequest) -> LLMResponse:
+        return parse_response(self._endpoint.post(self._body(request)))
+
+    def stream(self, request: LLMRequest) -> Iterator[StreamChunk]:
+        """The message as it is written: its text deltas, then the whole reply at
+        `message_stop`."""
+        body = self._body(request)
+        body["stream"] = True
+        return self._endpoint.stream(
+            body, _StreamedMessage(self._endpoint.event_data), parse_response
+        )
+
+    def _body(self, request: LLMRequest) -> dict[str, Any]:
         body = build_body(self.model, self.max_tokens, request)
         if self.thinking_budget_tokens is not None:
             body["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget_tokens}
-        return parse_response(self._endpoint.post(body))
+        return body
 
 
 def build_body(model: str, max_tokens: int, request: LLMRequest) -> dict[str, Any]:
@@ -191,6 +217,89 @@ def parse_response(data: Mapping[str, Any]) -> LLMResponse:
         stop_reason=stop_reason if isinstance(stop_reason, str) else None,
         thinking_blocks=tuple(thinking),
     )
+
+
+# The delta kinds that add to a block's string field (citations_delta adds no text).
+_DELTA_FIELDS = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "signature_delta": "signature",
+}
+
+
+@dataclass
+class _StreamedMessage:
+    """The events of a streamed message so far, kept as the content blocks, stop reason and
+    usage of a whole message."""
+
+    read: Callable[[ServerSentEvent], dict[str, Any]]
+    blocks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    partial_json: dict[int, list[str]] = field(default_factory=dict)
+    stop_reason: Any = None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, sse: ServerSentEvent) -> str | None:
+        """Takes one event in: the answer text it adds, or None at `message_stop`."""
+        event = self.read(sse)
+        kind = str(event.get("type", sse.event))
+        if kind == "message_stop":
+            return None
+        if kind == "message_start":
+            message = event.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            self.usage.update(usage if isinstance(usage, dict) else {})
+        elif kind == "content_block_start":
+            block = event.get("content_block")
+            if not isinstance(block, dict):
+                raise _shape("content_block_start has no content_block")
+            self.blocks[_index(kind, event)] = dict(block)
+        elif kind == "content_block_delta":
+            return self._add_delta(_index(kind, event), event.get("delta"))
+        elif kind == "message_delta":
+            delta = event.get("delta")
+            if isinstance(delta, dict) and "stop_reason" in delta:
+                self.stop_reason = delta["stop_reason"]
+            usage = event.get("usage")
+            self.usage.update(usage if isinstance(usage, dict) else {})
+        # ping and content_block_stop carry nothing the reply needs.
+        return ""
+
+    def _add_delta(self, index: int, delta: Any) -> str:
+        block = self.blocks.get(index)
+        if block is None or not isinstance(delta, dict):
+            raise _shape(f"content_block_delta for block {index}, which did not start")
+        kind = delta.get("type")
+        if kind == "input_json_delta":
+            self.partial_json.setdefault(index, []).append(str(delta.get("partial_json", "")))
+            return ""
+        key = _DELTA_FIELDS.get(str(kind))
+        piece = delta.get(key) if key is not None else None
+        if key is None or not isinstance(piece, str):
+            return ""
+        block[key] = str(block.get(key) or "") + piece
+        return piece if kind == "text_delta" else ""
+
+    def whole(self) -> dict[str, Any]:
+        """The message as `complete` would have received it."""
+        for index, parts in self.partial_json.items():
+            text = "".join(parts)
+            if text:  # a tool without arguments may send none: its start block's `input` holds
+                try:
+                    self.blocks[index]["input"] = orjson.loads(text)
+                except orjson.JSONDecodeError:
+                    raise _shape(f"content[{index}].input is not JSON") from None
+        return {
+            "content": [self.blocks[index] for index in sorted(self.blocks)],
+            "stop_reason": self.stop_reason,
+            "usage": self.usage or None,
+        }
+
+
+def _index(kind: str, event: Mapping[str, Any]) -> int:
+    index = event.get("index")
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise _shape(f"{kind} has no block index")
+    return index
 
 
 def _field(block: Mapping[str, Any], key: str, kind: type[Any], index: int) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from agent.messages import LLMRequest, LLMResponse
+from collections.abc import Iterator
+
+from agent.messages import LLMRequest, LLMResponse, StreamChunk, stream_response
 
 PREFIX = "echo: "
 
@@ -34,6 +36,10 @@ class EchoProvider:
             usage={"inputTokens": input_tokens, "outputTokens": _words(answer)},
             stop_reason="stop",
         )
+
+    def stream(self, request: LLMRequest) -> Iterator[StreamChunk]:
+        """`complete`'s answer a word at a time, so local runs show streaming too."""
+        return stream_response(self.complete(request))
 
     def __repr__(self) -> str:
         return "EchoProvider()"

@@ -2,18 +2,29 @@
 
 Only the keys this mapping knows are sent; anything else on a history message stays in the record
 (docs/checkpoint.md, D9) and never reaches the wire.
+
+A streamed completion is put back together in the shape of a whole one and read by the same
+`parse_response`, so `stream` ends with exactly the LLMResponse `complete` returns.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from httpx_sse import ServerSentEvent
 
 from agent.errors import ProviderResponseError
-from agent.messages import LLMRequest, LLMResponse, Message, ToolCall
+from agent.messages import (
+    LLMRequest,
+    LLMResponse,
+    Message,
+    StreamChunk,
+    ToolCall,
+)
 from agent.providers._http import (
     JSONEndpoint,
     Redactor,
@@ -80,6 +91,16 @@ class OpenAIChatProvider:
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         return parse_response(self._endpoint.post(build_body(self.model, request)))
+
+    def stream(self, request: LLMRequest) -> Iterator[StreamChunk]:
+        """The completion as it is written; the stream's own usage chunk is asked for, since
+        OpenAI reports usage in a stream only then."""
+        body = build_body(self.model, request)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        return self._endpoint.stream(
+            body, _StreamedCompletion(self._endpoint.event_data), parse_response
+        )
 
 
 def build_body(model: str, request: LLMRequest) -> dict[str, Any]:
@@ -153,6 +174,82 @@ def parse_response(data: Mapping[str, Any]) -> LLMResponse:
         usage=_usage(data.get("usage")),
         stop_reason=finish_reason if isinstance(finish_reason, str) else None,
     )
+
+
+@dataclass
+class _StreamedCompletion:
+    """The chunks of a streamed completion so far (choice 0, as `complete` reads), kept in the
+    shape of a whole completion."""
+
+    read: Callable[[ServerSentEvent], dict[str, Any]]
+    content: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    finish_reason: Any = None
+    usage: Any = None
+
+    def add(self, event: ServerSentEvent) -> str | None:
+        """Takes one chunk in: the answer text it adds, or None at `[DONE]`."""
+        if event.data.strip() == "[DONE]":
+            return None
+        chunk = self.read(event)
+        if chunk.get("usage") is not None:  # the last chunk, with `choices` empty
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return ""
+        text = ""
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = choice["finish_reason"]
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            for key, parts in (("content", self.content), ("refusal", self.refusal)):
+                piece = delta.get(key)
+                if isinstance(piece, str) and piece:
+                    parts.append(piece)
+                    text += piece
+            tool_calls = delta.get("tool_calls") or []
+            if not isinstance(tool_calls, list):
+                raise _shape("delta.tool_calls is not a list")
+            for position, item in enumerate(tool_calls):
+                self._add_call(position, item)
+        return text
+
+    def _add_call(self, position: int, item: Any) -> None:
+        """A call's id and name come in its first delta, its arguments across many."""
+        function = (item.get("function") or {}) if isinstance(item, dict) else None
+        index = item.get("index", position) if isinstance(item, dict) else None
+        if not isinstance(function, dict) or not isinstance(index, int):
+            raise _shape("a tool_calls delta has no index or function object")
+        call = self.calls.setdefault(
+            index, {"id": None, "type": "function", "function": {"name": None, "arguments": ""}}
+        )
+        if call["id"] is None and item.get("id"):
+            call["id"] = item["id"]
+        if call["function"]["name"] is None and function.get("name"):
+            call["function"]["name"] = function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            call["function"]["arguments"] += arguments
+
+    def whole(self) -> dict[str, Any]:
+        """The completion as `complete` would have received it."""
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self.content) if self.content else None,
+        }
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
+        if self.calls:
+            message["tool_calls"] = [self.calls[index] for index in sorted(self.calls)]
+        return {
+            "choices": [{"message": message, "finish_reason": self.finish_reason}],
+            "usage": self.usage,
+        }
 
 
 def _tool_calls(raw: Sequence[Any]) -> tuple[ToolCall, ...]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from agent.errors import ProviderError
-from agent.messages import LLMRequest, LLMResponse
+from agent.messages import LLMRequest, LLMResponse, StreamChunk, stream_response
 
 Step = LLMResponse | BaseException | Callable[[LLMRequest], LLMResponse]
 
@@ -42,6 +42,11 @@ class ScriptedProvider:
         if isinstance(step, LLMResponse):
             return step
         return step(request)
+
+    def stream(self, request: LLMRequest) -> Iterator[StreamChunk]:
+        """The next step as `complete` takes it (a raising step raises here, before any chunk),
+        its text a word at a time."""
+        return stream_response(self.complete(request))
 
     @property
     def remaining(self) -> int:
