@@ -21,3 +21,13 @@ def noop() -> dict[str, int]:
 def sleep(seconds: float) -> dict[str, int]:
     time.sleep(seconds)
     return {"ok": 1}
+
+
+@app.task(name="bench.agent_in_memory")  # type: ignore[untyped-decorator]
+def agent_in_memory(agent: str, message: str) -> dict[str, object]:
+    """The bench's agent run in memory, as a bare Celery task: what a turn costs without the
+    job system (no record, no journal, no progress, no conversation store)."""
+    from bench import agents
+
+    result = getattr(agents, f"build_{agent}_agent")().run(message)
+    return {"content": result.content, "turnNumber": result.turn_number}

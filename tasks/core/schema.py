@@ -334,6 +334,7 @@ PROGRESS: Final = ScriptSchema(
     keys=("turn", "lease", "running", "events"),
     args=("turn_id", "token", "lease_ms"),
     optional=("frame", "iteration", "ends_iteration"),
+    rest="with a frame: the data of a tool.finished event per call whose outcome it holds",
 )
 HANDOVER: Final = ScriptSchema(
     "handover",
@@ -362,8 +363,19 @@ JOURNAL: Final = ScriptSchema(
 )
 SUCCEED: Final = ScriptSchema(
     "succeed",
-    keys=ENDING_KEYS,
-    args=("turn_id", "token", "envelope", "result", "ttl_s", "turn_prefix"),
+    # celery_result: the Celery result backend's key for the turn, when that backend is the
+    # state Redis (tasks/queue/results.py, inline_result); otherwise the turn's own key, unused.
+    keys=(*ENDING_KEYS, "celery_result"),
+    args=(
+        "turn_id",
+        "token",
+        "envelope",
+        "result",
+        "ttl_s",
+        "turn_prefix",
+        "celery_meta",
+        "celery_ttl_s",
+    ),
     replies=Outcome,
 )
 RETRY: Final = ScriptSchema(

@@ -105,6 +105,10 @@ class Settings:
     # Message content (the turn's message and answer, tool arguments and results, redacted) on
     # the OpenTelemetry spans of turns (telemetry/tracing.py): off, since content may be private.
     otel_capture_content: bool = False
+    # Celery's own per-task INFO lines in a worker's log ("Task ... received", "... succeeded
+    # in ..."): off, since a turn's events and status say as much, and the two lines cost a
+    # short turn a quarter of its throughput. Warnings and errors are logged either way.
+    celery_task_logs: bool = False
 
 
 def load_settings(
@@ -160,6 +164,7 @@ def load_settings(
         anthropic_api_key=env.api_key("ANTHROPIC_API_KEY"),
         anthropic_base_url=env.http_url("ANTHROPIC_BASE_URL"),
         otel_capture_content=env.flag("AGENTJOBS_OTEL_CAPTURE_CONTENT", False),
+        celery_task_logs=env.flag("AGENTJOBS_CELERY_TASK_LOGS", False),
     )
     if settings.backoff_max_s < settings.backoff_base_s:
         raise SettingsError(

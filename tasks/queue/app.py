@@ -71,7 +71,8 @@ class AgentjobsCelery(Celery):  # type: ignore[misc]
 
     @property
     def backend(self) -> Any:
-        self.conf.get("result_backend")  # the first lookup of a key loads the configuration
+        if not self.configured:
+            self.conf.get("result_backend")  # the first lookup of a key loads the configuration
         return super().backend
 
 

@@ -31,15 +31,19 @@ from __future__ import annotations
 
 import logging
 import socket
+import weakref
+from collections.abc import Mapping
 from typing import Any
 
+import redis
 from celery import states
+from celery.backends.redis import RedisBackend
 from celery.signals import worker_ready
 
 from tasks.core.errors import TurnCancelled, TurnDeadLettered
 from tasks.queue.app import app
 from tasks.queue.context import JobContext
-from tasks.store.records import TurnRecord, TurnState
+from tasks.store.records import CeleryResult, TurnRecord, TurnState
 
 logger = logging.getLogger("agentjobs.results")
 
@@ -101,6 +105,80 @@ def store_final_result(record: TurnRecord, error_text: str = "") -> bool:
         backend.mark_as_failure(record.turn_id, TurnCancelled(record.turn_id, record.cancel_reason))
         return True
     return False
+
+
+def inline_result(ctx: JobContext, turn_id: str, reply: Any) -> CeleryResult | None:
+    """A succeeded turn's Celery result for the script that ends the turn to write, when the
+    result backend is the state Redis itself (the default: REDIS_URL names both); None for any
+    other backend, which Celery writes to after the task returns as usual.
+
+    Celery's Redis backend reads the key first (so as not to overwrite a success), then writes
+    it and publishes it: a round trip and two commands per turn after the one that ended it.
+    Written inside the ending, the result is there the moment the turn is, and the task tells
+    Celery not to store it again (tasks/turn/delivery.py). The meta is the backend's own
+    (status, result, traceback, children, date_done, task_id), in its serializer."""
+    backend = app.backend
+    if not _backend_is_state_redis(backend, ctx.redis):
+        return None
+    meta = backend._get_result_meta(
+        result=reply, state=states.SUCCESS, traceback=None, request=None
+    )
+    meta["task_id"] = turn_id
+    key = backend.get_key_for_task(turn_id)
+    return CeleryResult(
+        key=key.decode() if isinstance(key, bytes) else str(key),
+        meta=_as_bytes(backend.encode(meta)),
+        ttl_s=int(backend.expires or 0),
+    )
+
+
+def writes_inline(ctx: JobContext) -> bool:
+    """Whether succeeded turns get their Celery result from the script that ends them."""
+    return _backend_is_state_redis(app.backend, ctx.redis)
+
+
+# Connection settings that make two Redis clients the same server, database and user.
+_SAME_SERVER = ("host", "port", "path", "db", "username", "password")
+
+
+# Per state client, the verdict (each thread has a backend of its own, all alike).
+_SHARED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _backend_is_state_redis(backend: Any, client: Any) -> bool:
+    found = _SHARED.get(client)
+    if found is None:
+        found = _SHARED[client] = _same_redis(backend, client)
+    return found
+
+
+def _same_redis(backend: Any, client: Any) -> bool:
+    """The backend is Celery's plain Redis backend (not Sentinel's, not another kind) on the
+    server, database and user of the state store's plain client (not a Cluster's), over the
+    same kind of connection."""
+    if type(backend) is not RedisBackend or type(client) is not redis.Redis:
+        return False
+    pool = client.connection_pool
+    if type(pool) is not redis.ConnectionPool:
+        return False  # a Sentinel master's pool finds its server by asking
+    ours = pool.connection_kwargs
+    theirs = backend.connparams
+    if pool.connection_class is not theirs.get("connection_class", redis.Connection):
+        return False
+    return all(_normal(ours, name) == _normal(theirs, name) for name in _SAME_SERVER)
+
+
+def _normal(params: Mapping[str, Any], name: str) -> Any:
+    value = params.get(name)
+    if name == "db":
+        return int(value or 0)
+    if name == "port":
+        return int(value or 6379) if params.get("path") is None else None
+    return value or None
+
+
+def _as_bytes(payload: str | bytes) -> bytes:
+    return payload if isinstance(payload, bytes) else payload.encode()
 
 
 def _error_text(ctx: JobContext, record: TurnRecord) -> str:

@@ -281,6 +281,17 @@ class Ended:
 
 
 @dataclass(frozen=True)
+class CeleryResult:
+    """A succeeded turn's Celery result as the result backend would store it: its key, the
+    encoded meta and the results' expiry (0: none). Written by succeed when the backend is
+    the state Redis (tasks/queue/results.py)."""
+
+    key: str
+    meta: bytes
+    ttl_s: int
+
+
+@dataclass(frozen=True)
 class Due:
     turn_id: str
     namespace: str
@@ -518,10 +529,14 @@ class TurnRecords:
         iteration: int = 0,
         *,
         ends_iteration: bool = True,
+        finished: Sequence[bytes] = (),
     ) -> bool:
         """Extend the lease; with a progress frame (tasks/store/progress.py), also persist it, and
-        when it `ends_iteration`, drop that iteration's journal. False when the lease is no
-        longer this turn's."""
+        when it `ends_iteration`, drop that iteration's journal, writing first a `tool.finished`
+        event for each of `finished` (the event data of calls whose outcomes the frame holds
+        and the journal did not get). False when the lease is no longer this turn's."""
+        if finished and frame is None:
+            raise ValueError("tool.finished events go with a progress frame")
         k = self._keys.for_namespace(namespace)
         args: dict[str, Any] = {
             "turn_id": turn_id,
@@ -536,7 +551,7 @@ class TurnRecords:
             "running": k.running,
             "events": k.events(turn_id),
         }
-        return bool(self._run(schema.PROGRESS, keys, args))
+        return bool(self._run(schema.PROGRESS, keys, args, finished))
 
     def hand_over(
         self, turn_id: str, namespace: str, token: str, *, worker: str, reason: str
@@ -691,10 +706,13 @@ class TurnRecords:
         envelope: bytes,
         result: bytes,
         ttl_s: int,
+        celery_result: CeleryResult | None = None,
     ) -> Ended:
-        """Store the conversation and end the turn, atomically."""
+        """Store the conversation and end the turn, atomically; with `celery_result`, write
+        the turn's Celery result in the same step."""
         k = self._keys.for_namespace(namespace)
         keys = self._ending_keys(k, turn_id, namespace)
+        keys["celery_result"] = celery_result.key if celery_result else keys["turn"]
         args = {
             "turn_id": turn_id,
             "token": token,
@@ -702,6 +720,8 @@ class TurnRecords:
             "result": result,
             "ttl_s": ttl_s,
             "turn_prefix": k.turn_prefix,
+            "celery_meta": celery_result.meta if celery_result else b"",
+            "celery_ttl_s": celery_result.ttl_s if celery_result else 0,
         }
         return _ended(self._run(schema.SUCCEED, keys, args))
 

@@ -30,6 +30,7 @@ from agent import (
 from tasks.core.errors import PoisonTurn, Reason
 from tasks.core.payload import TurnRequest, parse_payload
 from tasks.queue.context import JobContext
+from tasks.queue.results import writes_inline
 from tasks.store.conversations import envelope_bytes
 from tasks.store.journal import read_journal
 from tasks.store.pending import recorded_decisions, requests_json
@@ -58,6 +59,8 @@ class Attempt:
         self.stored = stored
         self.points = TurnCheckpoints(ctx, record, token)
         self.result: AgentResult | None = None
+        # The Celery result is written already (by the ending): Celery must not write it again.
+        self.result_stored = False
 
     def run(self) -> Decision:
         settings = self.ctx.settings
@@ -119,6 +122,8 @@ class Attempt:
         Celery should see: Ignore for an unfinished turn (its state is mirrored already),
         TurnDeadLettered for a dead letter."""
         self.points.decided()
+        if decision.outcome is not Outcome.IGNORE:
+            self.points.flush()  # an outcome left to a progress write that did not come
         trace = self.points.trace
         if trace is not None:
             answer = self.result.content if self.result is not None else ""
@@ -171,6 +176,7 @@ class Attempt:
         envelope = envelope_bytes(result.checkpoint)
         if not ending.succeed(self.ctx, self.record, self.token, envelope=envelope, reply=reply):
             raise Ignore()
+        self.result_stored = writes_inline(self.ctx)
         self.ctx.store.recent.remember(self.namespace, envelope, result.checkpoint)
         return reply
 

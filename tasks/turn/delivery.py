@@ -44,8 +44,11 @@ def drive_turn(
     namespace: str | None = None,
     stamp: Mapping[str, Any] | None = None,
     known: Mapping[str, str] | None = None,
+    celery_request: Any = None,
 ) -> dict[str, Any]:
-    """Handle one delivery; returns the turn's reply or raises what Celery should see."""
+    """Handle one delivery; returns the turn's reply or raises what Celery should see. When
+    the turn's ending wrote its Celery result, `celery_request` (the task's request) is told
+    to ignore the result, so that Celery does not read and write it again."""
     ctx = job_context()
     if ctx.leases.draining:
         # This worker is shutting down: the message goes back to the broker as it came, for
@@ -77,7 +80,10 @@ def drive_turn(
             trace_attempt(ctx, claim.record, token) as points.trace,
             ctx.leases.holding(turn_id, namespace, token, on_renewed=points.report_running),
         ):
-            return attempt.finish(attempt.run())
+            reply = attempt.finish(attempt.run())
+        if attempt.result_stored and celery_request is not None:
+            celery_request.ignore_result = True  # stored by the ending already
+        return reply
     except UnreadableRecord as exc:
         ctx.records.note_unreadable(exc)  # nothing can be run or ended from it
         raise Ignore() from None

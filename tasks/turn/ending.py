@@ -60,6 +60,7 @@ from tasks.queue.results import (
     TASK_REVOKED,
     WAITING,
     failed_fields,
+    inline_result,
     report_state,
     revoked_fields,
     send_ending,
@@ -162,6 +163,7 @@ def publish_turn(ctx: JobContext, turn_id: str, kwargs: Any, **options: Any) -> 
     """Publish a registered turn's run_turn message, stamped with the store's epoch: a worker
     that finds no record for it can tell a lost store from an unknown turn (store/client.py)."""
     options["headers"] = {**(options.get("headers") or {}), STAMP_HEADER: ctx.epoch.stamp()}
+    options.setdefault("add_to_parent", False)
     return app.send_task(RUN_TURN, kwargs=kwargs, task_id=turn_id, **options)
 
 
@@ -191,6 +193,8 @@ def wake(
             task_id=turn_id,
             headers={STAMP_HEADER: ctx.epoch.stamp()},
             retries=max(0, attempt - 1),
+            # A turn woken from a task (the next of a conversation) is not its child.
+            add_to_parent=False,
         )
     except Exception as exc:
         logger.warning("could not wake turn %s (%s); the pump will", turn_id, exc)
@@ -229,9 +233,10 @@ def _wake_next(ctx: JobContext, record: TurnRecord, ended: Ended) -> None:
 def succeed(
     ctx: JobContext, record: TurnRecord, token: str, *, envelope: bytes, reply: Mapping[str, Any]
 ) -> bool:
-    """Store the conversation and end the turn as succeeded; wake the next turn. The worker
-    returns `reply` to Celery, which writes the result. False when the turn was no longer
-    this delivery's (nothing written but the result's repair)."""
+    """Store the conversation and end the turn as succeeded, with its Celery result when the
+    result backend is the state Redis (otherwise Celery writes it from the reply the worker
+    returns); wake the next turn. False when the turn was no longer this delivery's (nothing
+    written but the result's repair)."""
     ended = patiently(
         ctx,
         record,
@@ -242,6 +247,7 @@ def succeed(
         envelope=envelope,
         result=orjson.dumps(reply),
         ttl_s=ctx.settings.record_ttl_s,
+        celery_result=inline_result(ctx, record.turn_id, reply),
     )
     if not ended.ended:
         repair(ctx, record)

@@ -74,7 +74,11 @@ def run_turn(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
     identity=None, message_from=None, time=None)."""
     submitted = kwargs if not args else {"<args>": list(args)}
     return drive_turn(
-        self.request.id, submitted, worker=self.request.hostname or "", stamp=_stamp(self.request)
+        self.request.id,
+        submitted,
+        worker=self.request.hostname or "",
+        stamp=_stamp(self.request),
+        celery_request=self.request,
     )
 
 
@@ -97,6 +101,7 @@ def resume_turn(
         worker=self.request.hostname or "",
         stamp=_stamp(self.request),
         known={"agent": agent, "conversation_id": conversation_id},
+        celery_request=self.request,
     )
 
 

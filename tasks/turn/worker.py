@@ -203,6 +203,20 @@ def announce_agents(agents: Mapping[str, str], *, strict: bool) -> list[AgentChe
     return checks
 
 
+# Celery's loggers of the per-task "received" and "succeeded" lines (and a few more INFO ones:
+# a rejected or retried task), each consulted once, when the consumer builds its task handlers.
+_TASK_LINE_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
+
+def quiet_task_lines() -> None:
+    """Drop Celery's per-task INFO lines from this worker's log (AGENTJOBS_CELERY_TASK_LOGS=1
+    keeps them): each goes through the formatter and the redaction filter, a measurable share
+    of a short turn, and the turn's own events and status tell the same. Before the consumer
+    starts: Celery asks these loggers whether INFO is on when it builds the task handlers."""
+    for name in _TASK_LINE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 class PresenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """A worker bootstep: the heartbeat runs from the worker's start to its stop."""
 
@@ -214,6 +228,8 @@ class PresenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def start(self, parent: Any) -> None:
         ctx = job_context()
+        if not ctx.settings.celery_task_logs:
+            quiet_task_lines()
         announce_agents(ctx.settings.agents, strict=ctx.settings.strict_agents)
         self.presence = Presence(ctx, parent.hostname)
         self.presence.start()

@@ -247,8 +247,9 @@ def test_arguments_come_in_order_optional_ones_all_or_none_then_the_rest() -> No
     assert schema.PROGRESS.args_from({**base, **frame}) == ["t1", "tok", 5, b"f", 2, 1]
     with pytest.raises(SchemaMismatch, match="missing"):
         schema.PROGRESS.args_from({**base, "frame": b"f"})
+    trace = {"turn_id": "t1", "token": "tok", "trace": "{}"}
     with pytest.raises(SchemaMismatch, match="takes no ARGV after"):
-        schema.PROGRESS.args_from(base, ["extra"])
+        schema.TRACE.args_from(trace, ["extra"])
     journal = {"turn_id": "t1", "token": "tok", "event_type": "", "event_data": b"{}"}
     assert schema.JOURNAL.args_from(journal, ["f", b"v"]) == ["t1", "tok", "", b"{}", "f", b"v"]
 
@@ -331,6 +332,8 @@ def key_named(name: str, keys: Keys, k: ShardKeys, turn_id: str) -> set[str]:
         return {k.retries, k.running, k.pending, k.deadlines, k.pauses, k.finished}
     if name == "workers":
         return {keys.workers}
+    if name == "celery_result":  # the turn's own key when no Celery result is written
+        return {k.turn(turn_id)}
     return {getattr(k, name)}
 
 

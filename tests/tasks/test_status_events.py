@@ -106,6 +106,9 @@ def test_events_arrive_live_in_order_with_one_terminal_event_last(jobs: Any) -> 
     assert [e.type for e in tool_events] == ["tool.started", "tool.finished"] * 2
     assert tool_events[0].data == {"tool": "lookup_order", "toolCallId": "call_1"}
     assert tool_events[1].data == {"tool": "lookup_order", "toolCallId": "call_1", "ok": True}
+    # (a round's last outcome goes out with its progress, under the iteration that ran it)
+    assert tool_events[0].iteration == tool_events[1].iteration
+    assert tool_events[2].iteration == tool_events[3].iteration > tool_events[1].iteration
     first_finish = types.index("tool.finished")
     assert types[first_finish + 1] == "iteration.persisted"
     assert types.index("retry.scheduled") < len(types) - 1

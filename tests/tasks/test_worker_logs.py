@@ -9,15 +9,16 @@ from typing import Any
 import pytest
 from celery.app import trace
 
-from tasks import run_turn
+from tasks import TurnDeadLettered, run_turn
 
 PRIVATE = "PRIVATE-WORDS-4242"
 
 
 def test_a_worker_log_does_not_carry_the_reply(make_jobs: Any) -> None:
-    jobs = make_jobs()
+    # Given a worker that keeps Celery's per-task lines
+    jobs = make_jobs(AGENTJOBS_CELERY_TASK_LOGS="1")
     worker = jobs.worker()
-    # Given a turn whose reply holds private words
+    # and a turn whose reply holds private words
     reply = run_turn.delay(agent="demo", conversation_id="c-private", message=PRIVATE)
     assert PRIVATE in reply.get(timeout=30)["content"]
     # When the worker has logged the task's success
@@ -27,6 +28,25 @@ def test_a_worker_log_does_not_carry_the_reply(make_jobs: Any) -> None:
     succeeded = [line for line in log.splitlines() if "succeeded in" in line]
     assert len(succeeded) == 1 and reply.id in succeeded[0], log[-3000:]
     assert PRIVATE not in log and "content" not in succeeded[0], succeeded[0]
+    assert sum(f"[{reply.id}] received" in line for line in log.splitlines()) == 1
+
+
+def test_by_default_a_worker_logs_no_line_per_task_but_its_warnings(make_jobs: Any) -> None:
+    jobs = make_jobs()
+    worker = jobs.worker()
+    # Given two turns, one that succeeds and one that dead-letters
+    ok = run_turn.delay(agent="demo", conversation_id="c-quiet", message="hi")
+    bad = run_turn.delay(agent="broken", conversation_id="c-quiet-2", message="hi")
+    ok.get(timeout=30)
+    with pytest.raises(TurnDeadLettered):
+        bad.get(timeout=30)
+    worker.stop()
+    log = worker.log()
+    # Then Celery's received/succeeded lines are not in the log
+    assert "received" not in log and "succeeded in" not in log, log[-3000:]
+    # but the dead letter's warning is
+    lines = log.splitlines()
+    assert any(bad.id in line and "WARNING" in line and "dead-lettered" in line for line in lines)
 
 
 def test_the_success_lines_data_carries_no_reply_or_arguments(

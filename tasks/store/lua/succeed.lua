@@ -1,7 +1,19 @@
--- Store the conversation and end the turn as succeeded, atomically. The record keeps its
--- result, not its checkpoint (the stored conversation holds it).
+-- Store the conversation and end the turn as succeeded, atomically, with its Celery result
+-- when given. The record keeps its result, not its checkpoint (the stored conversation holds it).
 -- -> {ok, next head or false} or {lost} (the lease is no longer this turn's).
 if not holds_lease(K.lease, A.turn_id, A.token) then return {R.LOST} end
+-- Celery's result, as its Redis backend writes it (SET with the results' expiry, then PUBLISH
+-- on the key's channel for a waiting result.get()), when the backend is this Redis: first, so
+-- that a refused write leaves the turn as it was.
+if A.celery_meta ~= '' then
+  local ttl_s = tonumber(A.celery_ttl_s)
+  if ttl_s > 0 then
+    redis.call('SET', K.celery_result, A.celery_meta, 'EX', ttl_s)
+  else
+    redis.call('SET', K.celery_result, A.celery_meta)
+  end
+  redis.call('PUBLISH', K.celery_result, A.celery_meta)
+end
 redis.call('SET', K.conversation, A.envelope)
 clear_frames(K.turn)
 redis.call('HDEL', K.turn, F.checkpoint)
