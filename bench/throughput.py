@@ -43,14 +43,36 @@ GOALS = {"b/a": 0.9, "f/e": 0.8, "c/d": 0.95}
 WARM_UP = 200
 
 
+# The processes whose CPU a measurement reports per task, by name (pid), besides this one.
+WATCHED: dict[str, int] = {}
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def measure(label: str, submit: Callable[[int], Any], count: int) -> float:
+    """The rate of `count` tasks submitted at once and waited for, with each process's CPU
+    per task (client: this process) in ms: on 2 cores the total predicts the rate."""
+    watched = {"client": os.getpid(), **WATCHED}
+    before = {name: cpu_s(pid) for name, pid in watched.items()}
     started = time.perf_counter()
     results = [submit(i) for i in range(count)]
     for result in results:
         result.get(timeout=300)
     elapsed = time.perf_counter() - started
     rate = count / elapsed
-    print(f"  {label:44} {count:6d} in {elapsed:6.2f} s  {rate:8.1f} /s", flush=True)
+    per_task = {name: (cpu_s(pid) - before[name]) * 1000 / count for name, pid in watched.items()}
+    cpu = " ".join(f"{name} {ms:.2f}" for name, ms in per_task.items())
+    total = sum(per_task.values())
+    print(
+        f"  {label:40} {count:5d} in {elapsed:6.2f} s {rate:7.1f} /s"
+        f"   cpu ms/task: {cpu} = {total:.2f}",
+        flush=True,
+    )
     return rate
 
 
@@ -60,6 +82,8 @@ def bare_side(
     from bench.celery_noop import agent_in_memory, noop, sleep
 
     worker = start_worker(env, logs, name="bare", app="bench.celery_noop", concurrency=concurrency)
+    WATCHED["worker"] = worker.pid
+    WATCHED.pop("pump", None)
     try:
         measure("warm-up", lambda i: noop.delay(), WARM_UP)
         return {
@@ -93,6 +117,7 @@ def our_side(
         start_pump(env, logs),
         start_worker(env, logs, name="ours", app="tasks", concurrency=concurrency),
     ]
+    WATCHED.update(pump=processes[0].pid, worker=processes[1].pid)
     try:
         measure("warm-up turns", turn("instant", "w"), WARM_UP)
         return {
@@ -126,6 +151,8 @@ def main() -> int:
     ratios: dict[str, list[float]] = {name: [] for name in GOALS}
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis").start()
+        assert server.process is not None
+        WATCHED["redis"] = server.process.pid
         logs = Path(tmp) / "logs"
         env = job_env(server.url, AGENTS)
         # This process is the client of both apps.

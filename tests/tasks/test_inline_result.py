@@ -128,3 +128,12 @@ def test_no_result_is_written_inline_through_sentinel_or_into_a_cluster() -> Non
     assert results._same_redis(sentinel, client) is False
     cluster = redis.RedisCluster.__new__(redis.RedisCluster)  # never connects
     assert results._same_redis(backend(URL), cluster) is False
+
+
+def test_the_meta_built_here_is_celerys_own_but_for_its_time() -> None:
+    reply = {"conversationId": "c", "turnNumber": 2, "content": "é \u2028 ok", "attempts": 1}
+    ours = orjson.loads(results._success_meta(app.backend, "t-9", reply))
+    theirs = orjson.loads(app.backend.encode(celery_meta("t-9", reply)))
+    assert list(ours) == list(theirs)
+    assert {**ours, "date_done": None} == {**theirs, "date_done": None}
+    assert ours["date_done"][:16] == theirs["date_done"][:16]  # the same minute, zone and format
