@@ -107,7 +107,7 @@ class Settings:
     otel_capture_content: bool = False
     # Celery's own per-task INFO lines in a worker's log ("Task ... received", "... succeeded
     # in ..."): off, since a turn's events and status say as much, and the two lines cost a
-    # short turn a quarter of its throughput. Warnings and errors are logged either way.
+    # short turn several percent of its throughput. Warnings and errors are logged either way.
     celery_task_logs: bool = False
 
 
