@@ -46,8 +46,8 @@ order of the calls then ends the run. A check point that RAISES still stops the 
 `RunCheckpointError`, its cause that exception, exactly as the keyword hooks always have.
 
 Tokens: a door's `on_token` (a callable of one `TokenDelta`) is not a check point: it is called
-on the door's thread with each piece of answer text as the model writes it (from a provider
-that cannot stream, its whole text once), between `before_model_call` and `after_model_call`,
+on the door's thread with each piece of answer text as the model writes it (a provider that
+cannot stream tells it nothing), between `before_model_call` and `after_model_call`,
 and what it returns is ignored. It may be given
 together with `hooks=`. One that raises fails the model call (`after_model_call` reports it, `ok`
 False) and the run, as a check point that raises does.

@@ -33,7 +33,7 @@ identical-call note does not count it, and the loop goes on. A tool without a li
 Tokens: with the host's `on_token`, a model call goes through the provider's `stream` when it
 has one; each piece of text is told to `on_token` as it comes, and the last chunk's response is
 used exactly as `complete`'s would be (the same reports, history and checkpoints). A provider
-without `stream` is called with `complete` and its whole text told at once. A stream that ends
+without `stream` is called with `complete` and tells `on_token` nothing. A stream that ends
 without its response is a resumable ProviderConnectionError.
 
 How a run ends: with an answer (Ended), a pause (Ended with `pause`), RunStopped (a check point
@@ -361,15 +361,14 @@ class Loop:
 
     def _answer(self, state: RunState, request: LLMRequest) -> LLMResponse:
         """The provider's reply to `request`. When the host watches the tokens it is streamed
-        if the provider can, each piece of text told to `on_token`; a provider that cannot
-        tells its whole text at once, so the deltas of a call always join to its reply's."""
+        if the provider can, each piece of text told to `on_token`; a provider that cannot is
+        called with `complete` and tells nothing: its text arrives with the reply, all at
+        once, as it would without `on_token` (a job system then writes no token events for
+        it)."""
         on_token = state.on_token
         stream = getattr(self.provider, "stream", None) if on_token is not None else None
         if on_token is None or not callable(stream):
-            response = self._checked(self.provider.complete(request))
-            if on_token is not None and response.content:
-                on_token(TokenDelta(state.iteration, response.content))
-            return response
+            return self._checked(self.provider.complete(request))
         chunks = stream(request)
         try:
             for chunk in chunks:
