@@ -50,13 +50,15 @@ class SubmitTurnTask(Task):  # type: ignore[misc]
         if registered is Registered.EXISTS:
             return self.AsyncResult(task_id)  # the same request again: the same turn
         try:
-            ending.publish_turn(ctx, task_id, kwargs, **options)
+            # The publish's own result: the backend subscribed to its channel for it, and a
+            # second AsyncResult would leave this one to unsubscribe when dropped (and get()
+            # to subscribe again), two round trips per turn.
+            return ending.publish_turn(ctx, task_id, kwargs, **options)
         except Exception:
             # Nothing was published: take the turn back so it does not run behind the
             # caller's back when the caller retries with a new id.
             ctx.records.unregister(task_id, namespace)
             raise
-        return self.AsyncResult(task_id)
 
 
 _TASK_OPTIONS: dict[str, Any] = {

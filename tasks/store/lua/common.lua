@@ -88,14 +88,23 @@ end
 
 -- Append one event to a turn's stream, in the same step as the record change it reports
 -- (docs/operations.md, "Events"). `data_json` is a JSON object; `emit` takes a table.
+local function emit_json_as(events_key, now, attempt, iteration, event_type, data_json)
+  redis.call('XADD', events_key, '*', EF.type, event_type, EF.attempt, attempt,
+    EF.iteration, iteration, EF.at, now, EF.data, data_json)
+end
+
 local function emit_json(events_key, turn_key, now, event_type, data_json)
   local at = redis.call('HMGET', turn_key, F.attempt, F.iteration)
-  redis.call('XADD', events_key, '*', EF.type, event_type, EF.attempt, at[1] or '1',
-    EF.iteration, at[2] or '0', EF.at, now, EF.data, data_json)
+  emit_json_as(events_key, now, at[1] or '1', at[2] or '0', event_type, data_json)
 end
 
 local function emit(events_key, turn_key, now, event_type, data)
   emit_json(events_key, turn_key, now, event_type, cjson.encode(data))
+end
+
+-- emit, for a script that knows the turn's attempt and iteration already.
+local function emit_as(events_key, now, attempt, iteration, event_type, data)
+  emit_json_as(events_key, now, attempt, iteration, event_type, cjson.encode(data))
 end
 
 -- End a turn: mark it `state` with `fields`, drop it from every live index, release its lease

@@ -5,6 +5,6 @@
 if not holds_lease(K.lease, A.turn_id, A.token) then return 0 end
 if #ARGV >= REST then redis.call('HSET', K.turn, unpack(ARGV, REST)) end
 if A.event_type ~= '' then
-  emit(K.events, K.turn, now_ms(), A.event_type, cjson.decode(A.event_data))
+  emit_json(K.events, K.turn, now_ms(), A.event_type, A.event_data)
 end
 return 1

@@ -15,21 +15,29 @@ if existing then
   return R.CONFLICT
 end
 local now = now_ms()
-redis.call('HSET', K.turn, F.state, STATE.QUEUED, F.payload, payload, F.agent, agent,
+local fields = {F.state, STATE.QUEUED, F.payload, payload, F.agent, agent,
   F.conversation_id, conversation_id, F.namespace, namespace, F.attempt, 1, F.deliveries, 0,
-  F.created_at_ms, now, F.updated_at_ms, now)
-if A.checkpoint ~= '' then redis.call('HSET', K.turn, F.checkpoint, A.checkpoint) end
-if A.replay_of ~= '' then redis.call('HSET', K.turn, F.replay_of, A.replay_of) end
-if trace ~= '' then redis.call('HSET', K.turn, F.trace, trace) end
-if deadline_ms > 0 then
-  redis.call('HSET', K.turn, F.deadline_at_ms, now + deadline_ms)
-  redis.call('ZADD', K.deadlines, now + deadline_ms, turn_id)
+  F.created_at_ms, now, F.updated_at_ms, now}
+-- The optional fields, as (name, value) pairs; a false value is left out.
+local optional = {F.checkpoint, A.checkpoint ~= '' and A.checkpoint, F.replay_of,
+  A.replay_of ~= '' and A.replay_of, F.trace, trace ~= '' and trace,
+  F.deadline_at_ms, deadline_ms > 0 and now + deadline_ms}
+for i = 1, #optional, 2 do
+  if optional[i + 1] then
+    fields[#fields + 1] = optional[i]
+    fields[#fields + 1] = optional[i + 1]
+  end
 end
+if deadline_ms > 0 then redis.call('ZADD', K.deadlines, now + deadline_ms, turn_id) end
 -- A payload too broken to name a conversation queues nowhere: its worker dead-letters it.
+-- The first turn of its queue is runnable at once (mark_runnable, written with the rest).
 if namespace ~= '' and redis.call('RPUSH', K.queue, turn_id) == 1 then
-  mark_runnable(K.turn, now)
+  fields[#fields + 1] = F.runnable_at_ms
+  fields[#fields + 1] = now
 end
+redis.call('HSET', K.turn, unpack(fields))
 redis.call('ZADD', K.pending, now, turn_id)
 count(K.turn, COUNTER.SUBMITTED)
-emit(K.events, K.turn, now, EVENT.TURN_QUEUED, {agent = agent, conversationId = conversation_id})
+-- A new record's attempt is 1 and its iteration unset: the event needs no read of them.
+emit_as(K.events, now, 1, 0, EVENT.TURN_QUEUED, {agent = agent, conversationId = conversation_id})
 return R.CREATED
