@@ -27,6 +27,8 @@ CHECKPOINT_VERSION = 1
 MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024
 MAX_INSTRUCTION_UTF16_UNITS = 1_000_000
 _MAX_SAFE_INTEGER = 2**53 - 1
+# What from_json reads (a tuple: `isinstance` with a union builds the union on every call).
+_JSON_TEXT = (bytes, bytearray, memoryview, str)
 
 # Wire key -> attribute, in the order the writers emit them (the reference runtime's order).
 _KNOWN_KEYS: dict[str, str] = {
@@ -208,48 +210,58 @@ def _scan_history(history: list[Any]) -> bool | None:
     """The hot path of every load: whether a number in history needs renumbering, or None when a
     message is not a dict with string role and content (the caller then explains, or accepts
     other mappings and str subclasses). A few type tests per message, all inline (a call costs
-    more than the tests): the usual shapes (text, tool result, tool calls with string args) are
-    known to hold no number without walking them; any other message is walked."""
+    more than the tests): the usual shapes (text, tool result, tool calls whose args are strings,
+    booleans or safe integers) are known to hold no number to rewrite without walking them; any
+    other message is walked."""
     renumber = False
-    try:
-        for message in history:
+    for message in history:
+        try:
             if (
                 type(message) is not dict
-                or type(message["role"]) is not str  # a missing key: KeyError, below
+                or type(message["role"]) is not str
                 or type(message["content"]) is not str
             ):
                 return None
-            size = len(message)
-            if renumber or size == 2:
-                continue
+        except KeyError:
+            return None
+        size = len(message)
+        if size == 2:
+            continue
+        if renumber:
+            continue  # decided; the rest is only checked
+        try:  # a shape test that finds a key missing: another shape, walked below
             if size == 4:
-                if type(message.get("toolCallId")) is str and type(message.get("toolName")) is str:
+                if type(message["toolCallId"]) is str and type(message["toolName"]) is str:
                     continue
             elif size == 3:
-                # A toolCalls list of {id, name, args} whose args are all strings: no number.
-                calls = message.get("toolCalls")
+                calls = message["toolCalls"]
                 if type(calls) is list:
                     for call in calls:
                         if type(call) is not dict or len(call) != 3:
                             break
-                        args = call.get("args")
+                        args = call["args"]
                         if (
                             type(args) is not dict
-                            or type(call.get("id")) is not str
-                            or type(call.get("name")) is not str
+                            or type(call["id"]) is not str
+                            or type(call["name"]) is not str
                         ):
                             break
                         for item in args.values():
-                            if type(item) is not str:
+                            kind = type(item)
+                            if (
+                                kind is not str
+                                and kind is not bool
+                                and (kind is not int or not -EXACT_INT <= item <= EXACT_INT)
+                            ):
                                 break
                         else:
-                            continue  # this call holds no number
+                            continue  # this call holds no number to rewrite
                         break
                     else:
-                        continue  # no call holds a number
-            renumber = needs_js_numbers(message)
-    except KeyError:
-        return None
+                        continue  # no call does
+        except KeyError:
+            pass
+        renumber = needs_js_numbers(message)
     return renumber
 
 
@@ -488,7 +500,7 @@ class AgentRunCheckpoint:
 
     @classmethod
     def from_json(cls, data: bytes | bytearray | memoryview | str) -> AgentRunCheckpoint:
-        if not isinstance(data, bytes | bytearray | memoryview | str):
+        if not isinstance(data, _JSON_TEXT):
             raise _fail("<checkpoint>", f"expected JSON bytes or str, got {_describe(data)}")
         if len(data) > MAX_CHECKPOINT_BYTES:
             raise _fail("<checkpoint>", f"larger than {MAX_CHECKPOINT_BYTES} bytes")
@@ -496,7 +508,7 @@ class AgentRunCheckpoint:
             value = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise _fail("<checkpoint>", _why_not_json(data, exc)) from None
-        return cls.from_parsed(value)
+        return cls._wrap(value, _validate(value))
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> AgentRunCheckpoint:

@@ -1,10 +1,17 @@
 """What validation costs: a checkpoint round trip (bytes -> value -> bytes) through the validated
-codec, bare orjson, and the standard library's json, in one process.
+codec (`AgentRunCheckpoint.from_json(raw).to_json()`), bare orjson and the standard library's
+json, in one process.
 
     .venv/bin/python bench/checkpoint_codec.py [--quick] [--strict]
 
-Targets: at 1,000 messages the validated round trip costs at most 50% more than bare
-orjson, and it is at least 3x faster than stdlib json. --strict exits 1 when a target is missed.
+Goals, at 1,000 messages:
+
+- validated / orjson <= 1.5: validating costs at most half of orjson's own round trip;
+- json / validated >= 3: the validated round trip is at least 3x faster than stdlib json.
+
+--strict exits 1 when a goal is missed. The three are timed in turns, round after round, each
+keeping its best round: on a shared machine a burst of someone else's load then slows whichever
+round it lands on, not one codec's whole measurement.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +32,9 @@ from agent import AgentRunCheckpoint
 
 SIZES = (10, 100, 1_000, 5_000)
 TARGET_SIZE = 1_000
-MAX_VALIDATION_OVERHEAD = 1.5  # validated / orjson
+MAX_RATIO_TO_ORJSON = 1.5  # validated / orjson
 MIN_SPEEDUP_OVER_JSON = 3.0  # json / validated
-MIN_REPEAT_S = 0.2
+MIN_ROUND_S = 0.02
 
 
 def order_result(n: int) -> str:
@@ -111,35 +118,41 @@ def stdlib_json(data: bytes) -> bytes:
     return json.dumps(json.loads(data), separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def best_us(fn: Callable[[bytes], bytes], data: bytes, repeats: int) -> float:
-    """Best of `repeats` timings, each long enough (MIN_REPEAT_S) to swamp timer noise."""
-    loops = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(loops):
-            fn(data)
-        if time.perf_counter() - start >= MIN_REPEAT_S:
-            break
-        loops *= 2
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(loops):
-            fn(data)
-        best = min(best, (time.perf_counter() - start) / loops)
-    return best * 1e6
+def best_us(
+    codecs: Mapping[str, Callable[[bytes], bytes]], data: bytes, rounds: int
+) -> dict[str, float]:
+    """Each codec's best round in µs per call. A round runs one codec long enough (MIN_ROUND_S)
+    to swamp timer noise; the codecs take turns, so all of them see the same spells of load."""
+    loops: dict[str, int] = {}
+    for name, fn in codecs.items():
+        loops[name] = 1
+        while True:
+            start = time.perf_counter()
+            for _ in range(loops[name]):
+                fn(data)
+            if time.perf_counter() - start >= MIN_ROUND_S:
+                break
+            loops[name] *= 2
+    best = dict.fromkeys(codecs, float("inf"))
+    for _ in range(rounds):
+        for name, fn in codecs.items():
+            start = time.perf_counter()
+            for _ in range(loops[name]):
+                fn(data)
+            best[name] = min(best[name], (time.perf_counter() - start) / loops[name])
+    return {name: seconds * 1e6 for name, seconds in best.items()}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 repeats instead of 7")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--quick", action="store_true", help="11 rounds instead of 41")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
     args = parser.parse_args()
-    repeats = 3 if args.quick else 7
+    rounds = 11 if args.quick else 41
 
     print(
-        f"checkpoint round trip, best of {repeats} (python {sys.version.split()[0]}, "
-        f"orjson {orjson.__version__})"
+        f"checkpoint round trip, best of {rounds} interleaved rounds "
+        f"(python {sys.version.split()[0]}, orjson {orjson.__version__})"
     )
     header = (
         f"{'messages':>8}  {'bytes':>10}  {'validated µs':>12}  {'orjson µs':>10}  "
@@ -147,54 +160,49 @@ def main() -> int:
     )
     print(header)
     print("-" * len(header))
+    codecs = {"validated": validated, "orjson": bare_orjson, "json": stdlib_json}
     ratios: dict[int, tuple[float, float]] = {}
     for size in SIZES:
         data = checkpoint_bytes(size)
         assert validated(data) == bare_orjson(data) == stdlib_json(data), "outputs differ"
-        v_us = best_us(validated, data, repeats)
-        o_us = best_us(bare_orjson, data, repeats)
-        j_us = best_us(stdlib_json, data, repeats)
-        ratios[size] = (v_us / o_us, j_us / v_us)
+        us = best_us(codecs, data, rounds)
+        ratios[size] = (us["validated"] / us["orjson"], us["json"] / us["validated"])
         print(
-            f"{size:>8}  {len(data):>10,}  {v_us:>12,.1f}  {o_us:>10,.1f}  {j_us:>10,.1f}  "
-            f"{v_us / o_us:>12.2f}  {j_us / v_us:>10.2f}"
+            f"{size:>8}  {len(data):>10,}  {us['validated']:>12,.1f}  {us['orjson']:>10,.1f}  "
+            f"{us['json']:>10,.1f}  {ratios[size][0]:>12.2f}  {ratios[size][1]:>10.2f}"
         )
 
     # A checkpoint written with floats ("qty": 2.0 in every call) is renumbered while it loads.
     floats = checkpoint_bytes(TARGET_SIZE, qty=2.0)
     assert validated(floats) == bare_orjson(floats).replace(b'"qty":2.0', b'"qty":2')
-    f_us = best_us(validated, floats, repeats)
-    fo_us = best_us(bare_orjson, floats, repeats)
+    us = best_us({"validated": validated, "orjson": bare_orjson}, floats, rounds)
     print(
-        f"{TARGET_SIZE:>8}  {len(floats):>10,}  {f_us:>12,.1f}  {fo_us:>10,.1f}  {'':>10}  "
-        f"{f_us / fo_us:>12.2f}  {'':>10}  (written with floats: renumbered on load)"
+        f"{TARGET_SIZE:>8}  {len(floats):>10,}  {us['validated']:>12,.1f}  {us['orjson']:>10,.1f}"
+        f"  {'':>10}  {us['validated'] / us['orjson']:>12.2f}  {'':>10}"
+        "  (written with floats: renumbered on load)"
     )
 
-    overhead, speedup = ratios[TARGET_SIZE]
-    worst_speedup = min(s for _, s in ratios.values())
-    checks = [
+    to_orjson, over_json = ratios[TARGET_SIZE]
+    json_to_orjson = to_orjson * over_json
+    goals = [
         (
-            f"validation adds at most {MAX_VALIDATION_OVERHEAD - 1:.0%} over bare orjson at "
-            f"{TARGET_SIZE:,} messages (validated/orjson <= {MAX_VALIDATION_OVERHEAD})",
-            overhead,
-            overhead <= MAX_VALIDATION_OVERHEAD,
+            f"{to_orjson:.2f}x bare orjson (goal <= {MAX_RATIO_TO_ORJSON:g}x)",
+            to_orjson <= MAX_RATIO_TO_ORJSON,
         ),
         (
-            f"validated round trip at least {MIN_SPEEDUP_OVER_JSON:g}x faster than stdlib json "
-            f"at {TARGET_SIZE:,} messages (json/validated >= {MIN_SPEEDUP_OVER_JSON:g})",
-            speedup,
-            speedup >= MIN_SPEEDUP_OVER_JSON,
-        ),
-        (
-            f"... and at every size (worst json/validated >= {MIN_SPEEDUP_OVER_JSON:g})",
-            worst_speedup,
-            worst_speedup >= MIN_SPEEDUP_OVER_JSON,
+            f"{over_json:.2f}x faster than stdlib json (goal >= {MIN_SPEEDUP_OVER_JSON:g}x)",
+            over_json >= MIN_SPEEDUP_OVER_JSON,
         ),
     ]
-    print()
-    for text, value, met in checks:
-        print(f"[{'met' if met else 'MISSED'}] {text}: {value:.2f}")
-    return 1 if args.strict and not all(met for _, _, met in checks) else 0
+    # What the second goal leaves the first: json's own cost over orjson's sets the budget.
+    print(
+        f"\ngoals at {TARGET_SIZE:,} messages (stdlib json takes {json_to_orjson:.2f}x bare orjson "
+        f"here, so {MIN_SPEEDUP_OVER_JSON:g}x faster than json means "
+        f"<= {json_to_orjson / MIN_SPEEDUP_OVER_JSON:.2f}x orjson):"
+    )
+    for text, met in goals:
+        print(f"  {'[met]   ' if met else '[MISSED]'} {text}")
+    return 1 if args.strict and not all(met for _, met in goals) else 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The load fast path (agent/checkpoint.py `_scan_history`) against the slow path.
 
 Loading skips the number walk when the scan of history says no number needs renumbering; the
-bytes written must be those of a load that always renumbers (normalize_in_place on every tree).
+bytes written must be those of a load that always renumbers (normalize_in_place on every tree),
+and whenever the scan answers, its answer must be the walk's (needs_js_numbers).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent import AgentRunCheckpoint
+from agent import checkpoint as checkpoint_module
 from agent.checkpoint import _scan_history, _validate
 from agent.jsnumbers import needs_js_numbers
 
@@ -82,10 +84,20 @@ trees = st.recursive(
     max_leaves=12,
 )
 text = st.text(max_size=8)
-string_args = st.dictionaries(text, text, max_size=3)
-calls = st.fixed_dictionaries(
-    {"id": text, "name": text, "args": string_args | st.dictionaries(text, trees, max_size=3)}
+# The scan's own shape: args of strings, booleans and integers, around the safe-integer edge too.
+flat_args = st.dictionaries(
+    text,
+    text | st.booleans() | st.sampled_from(TRICKY_INTS) | st.integers(-(2**53), 2**53),
+    max_size=3,
 )
+well_formed_calls = st.fixed_dictionaries(
+    {"id": text, "name": text, "args": flat_args | st.dictionaries(text, trees, max_size=3)}
+)
+# Calls the scan must hand to the walk: a key missing, one more, or a number where a string goes.
+odd_calls = st.dictionaries(
+    st.sampled_from(["id", "name", "args", "providerMeta"]), text | trees | flat_args, max_size=4
+)
+calls = well_formed_calls | odd_calls
 extra = st.dictionaries(
     st.sampled_from(["x", "meta", "toolCallId", "toolName", "toolCalls"]), trees, max_size=2
 )
@@ -94,6 +106,7 @@ messages = st.one_of(
     st.fixed_dictionaries(
         {"role": st.just("assistant"), "content": text, "toolCalls": st.lists(calls, max_size=3)}
     ),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": text, "toolCalls": trees}),
     st.fixed_dictionaries(
         {"role": st.just("tool"), "content": text, "toolCallId": text | trees, "toolName": text}
     ),
@@ -149,14 +162,28 @@ def test_generated_trees_fast_path_matches_slow_path(
         b"0.000001",
         b"2.50",
         b"7",
+        b"9007199254740992",
+        b"-9007199254740992",
+        b"-9007199254740993",
+        b"true",
     ],
 )
 @pytest.mark.parametrize(
     "message",
     [
         b'{"role":"assistant","content":"","toolCalls":[{"id":"c","name":"n","args":{"q":%s}}]}',
+        b'{"role":"assistant","content":"","toolCalls":[{"id":"c","name":"n","args":{"a":"x",'
+        b'"b":false,"c":3,"q":%s}}]}',
+        b'{"role":"assistant","content":"","toolCalls":[{"id":"c","name":"n","args":{}},'
+        b'{"id":"d","name":"n","args":{"q":%s}}]}',
+        b'{"role":"assistant","content":"","toolCalls":[{"id":%s,"name":"n","args":{}}]}',
+        b'{"role":"assistant","content":"","toolCalls":[{"id":"c","name":"n","q":%s}]}',
+        b'{"role":"assistant","content":"","toolCalls":[{"id":"c","name":"n","args":[%s]}]}',
+        b'{"role":"assistant","content":"","toolCalls":{"q":%s}}',
         b'{"role":"tool","content":"","toolCallId":"c","toolName":"n","n":%s}',
         b'{"role":"tool","content":"","toolCallId":%s,"toolName":"n"}',
+        b'{"role":"tool","content":"","toolCallId":"c","n":%s}',
+        b'{"role":"user","content":"","n":%s}',
         b'{"role":"user","content":"","n":[{"m":%s}]}',
     ],
 )
@@ -167,3 +194,21 @@ def test_written_numbers_fast_path_matches_slow_path(number: bytes, message: byt
         b'"originalInput":{"message":"hi"}}' % history
     )
     check_same(raw)
+
+
+def test_the_usual_shapes_are_decided_without_a_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text, tool results, and tool calls whose args are strings, booleans or safe integers: the
+    scan answers from type tests alone (the walk is the cost it exists to save)."""
+
+    def walk(value: Any) -> bool:
+        raise AssertionError(f"walked {value!r}")
+
+    monkeypatch.setattr(checkpoint_module, "needs_js_numbers", walk)
+    call = {"id": "c1", "name": "order", "args": {"id": "A-1", "qty": 2**53, "gift": True}}
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "toolCalls": [call, {**call, "id": "c2"}]},
+        {"role": "tool", "content": "{}", "toolCallId": "c1", "toolName": "order"},
+        {"role": "assistant", "content": "Shipped."},
+    ]
+    assert _scan_history(history) is False
