@@ -13,8 +13,8 @@ import orjson
 import pytest
 import redis
 from celery import states
-from celery.result import AsyncResult
 from celery.backends.redis import RedisBackend, SentinelBackend
+from celery.result import AsyncResult
 
 from tasks import app, run_turn, turn_status
 from tasks.queue import results
