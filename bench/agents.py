@@ -1,11 +1,16 @@
 """The agents bench/throughput.py registers in its own worker's environment: a provider that
-answers at once, and one that takes PROVIDER_SLEEP_S per call, as an I/O-bound model does."""
+answers at once, and one that takes PROVIDER_SLEEP_S per call, as an I/O-bound model does.
+bench/journal.py's take tool rounds; bench/streaming.py's call a local model server over HTTP,
+streamed or not."""
 
 from __future__ import annotations
 
+import functools
 import time
 
-from agent import Agent, LLMRequest, LLMResponse, ToolCall, tool
+from agent import Agent, LLMRequest, LLMResponse, OpenAIChatProvider, ToolCall, tool
+from tasks.providers import provider_from_settings
+from tasks.queue.context import job_context
 
 PROVIDER_SLEEP_S = 0.2
 
@@ -81,3 +86,36 @@ def build_one_round_agent() -> Agent:
 
 def build_three_rounds_agent() -> Agent:
     return Agent(provider=_THREE_ROUNDS, model="bench", tools=[lookup])
+
+
+# -- bench/streaming.py: a real provider over HTTP, streamed or not ----------------------------
+
+
+@functools.cache
+def _openai() -> OpenAIChatProvider:
+    """The OpenAI provider of the worker's settings (AGENTJOBS_PROVIDER=openai, pointed at
+    bench/streaming.py's server by OPENAI_BASE_URL), built on first use: other benches import
+    this module without those settings."""
+    provider = provider_from_settings(job_context().settings)
+    assert isinstance(provider, OpenAIChatProvider), "set AGENTJOBS_PROVIDER=openai"
+    return provider
+
+
+class CompleteOnly:
+    """A provider without `stream`: the runtime calls `complete` and tells the whole text as one
+    delta, so the turn streams nothing while it waits (bench/streaming.py's baseline)."""
+
+    def __init__(self, provider: OpenAIChatProvider) -> None:
+        self._provider = provider
+        self.name = provider.name
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        return self._provider.complete(request)
+
+
+def build_streaming_agent() -> Agent:
+    return Agent(provider=_openai(), model="bench")
+
+
+def build_complete_only_agent() -> Agent:
+    return Agent(provider=CompleteOnly(_openai()), model="bench")

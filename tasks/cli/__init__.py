@@ -15,19 +15,20 @@
     agentjobs dlq purge --reason R | --older-than DURATION | --all [--yes]
     agentjobs pump
     agentjobs metrics [--port 9808] [--host 0.0.0.0]
+    agentjobs web [--host 127.0.0.1] [--port 8088]
     agentjobs demo
 
 This package owns the command line only: parsing arguments, wording what is printed, and
 exit statuses. What the commands read or change is done by the packages below it. This module
 holds the root group (`main`, the console script's entry) and adds the commands of the other
 modules to it: submit.py, agents.py, stats.py, turns.py with decisions.py (`turn ...`),
-conversations.py, dlq.py, processes.py (pump, metrics, demo); options.py holds the shared
-argument types, output.py the printing helpers. An expected failure (Redis unreachable, a bad
-setting, an unknown id, a bad argument) is one line on stderr and a non-zero exit status, for
-every command at once (errors.py). Nothing outside this package imports it.
+conversations.py, dlq.py, processes.py (pump, metrics, demo), web.py (web); options.py holds
+the shared argument types, output.py the printing helpers. An expected failure (Redis
+unreachable, a bad setting, an unknown id, a bad argument) is one line on stderr and a non-zero
+exit status, for every command at once (errors.py). Nothing outside this package imports it.
 
 May import: tasks.operate, tasks.turn, tasks.queue, tasks.store, tasks.core, tasks.telemetry,
-tasks.demo, agent.
+tasks.demo, tasks.web, agent.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from importlib.metadata import version as installed_version
 
 import click
 
-from tasks.cli import agents, conversations, dlq, processes, stats, submit, turns
+from tasks.cli import agents, conversations, dlq, processes, stats, submit, turns, web
 from tasks.cli.errors import AgentjobsGroup
 from tasks.cli.options import parse_duration_s
 
@@ -73,6 +74,7 @@ for _command in (
     processes.pump,
     processes.metrics,
     processes.demo,
+    web.web,
 ):
     main.add_command(_command)
 

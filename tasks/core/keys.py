@@ -33,8 +33,15 @@ class ShardKeys:
         return f"{self.prefix}:{{{self.shard}}}"
 
     def conversation(self, namespace: str) -> str:
-        """String: the conversation envelope {format, data, savedAt}. Kept forever."""
+        """String: the conversation envelope {format, data, savedAt}, the stored conversation
+        with `conversation_frames` on top (tasks/store/conversations.py). Kept forever."""
         return f"{self.tag}:conversation:{namespace}"
+
+    def conversation_frames(self, namespace: str) -> str:
+        """List: the turns since the envelope was last written whole, one progress frame each
+        (tasks/store/progress.py) naming the envelope's savedAt it builds on. Appended at a
+        turn's end; deleted whenever the envelope is written whole (a compaction)."""
+        return f"{self.tag}:conversation-frames:{namespace}"
 
     def queue(self, namespace: str) -> str:
         """List of turn ids in submission order; the head is the one allowed to run. Emptied
@@ -57,7 +64,8 @@ class ShardKeys:
 
     def events(self, turn_id: str) -> str:
         """Stream: the turn's events (tasks/operate/events.py), written by the same scripts as the
-        record changes they report. Kept as long as the turn record."""
+        record changes they report. Kept as long as the turn record, but for its token.delta
+        events: those go token_ttl_s after the turn ended (`tokens`)."""
         return f"{self.tag}:events:{turn_id}"
 
     @property
@@ -92,6 +100,13 @@ class ShardKeys:
         """Sorted set turn_id -> end time (server epoch ms): ended turns whose Celery result
         the pump has not yet confirmed (it writes the result again if the worker could not)."""
         return f"{self.tag}:finished"
+
+    @property
+    def tokens(self) -> str:
+        """Sorted set turn_id -> when the pump looks at it (server epoch ms): turns that
+        streamed, entered by their first token.delta; once a turn has ended token_ttl_s ago
+        the pump removes its token.delta events (tasks/store/lua/drop_tokens.lua) and it."""
+        return f"{self.tag}:tokens"
 
     @property
     def dead_letters(self) -> str:
@@ -139,6 +154,9 @@ class Keys:
 
     def conversation(self, namespace: str) -> str:
         return self.for_namespace(namespace).conversation(namespace)
+
+    def conversation_frames(self, namespace: str) -> str:
+        return self.for_namespace(namespace).conversation_frames(namespace)
 
     def turn_id_owner(self, turn_id: str) -> str:
         """String: the namespace a turn id is being first registered for (TurnRecords.

@@ -75,6 +75,11 @@ class Event(StrEnum):
     TOOL_FINISHED = "tool.finished"  # journal, the type given by the worker
     ITERATION_PERSISTED = "iteration.persisted"  # progress, with a frame
     RETRY_SCHEDULED = "retry.scheduled"  # retry
+    # Streamed answer text {text}, coalesced by the worker (tasks/turn/tokens.py): tokens.
+    TOKEN_DELTA = "token.delta"
+    # {attempt}: that attempt's deltas of the iteration in flight are void (tokens.lua has
+    # the rule): retry, after an attempt that streamed; tokens, when a takeover streams again.
+    ATTEMPT_DISCARDED = "attempt.discarded"
     TURN_HANDED_OVER = "turn.handed_over"  # handover
     TURN_PAUSED = "turn.paused"  # pause
     ACTION_DECIDED = "action.decided"  # decide
@@ -123,6 +128,8 @@ class Field:
     CHECKPOINT: Final = "checkpoint"  # a whole checkpoint (JSON)
     FRAMES: Final = "frames"  # how many frame:<n> fields there are
     BASE: Final = "base"  # the stored conversation the frames build on, once the turn ended
+    # ... with the conversation frames on top of that envelope then (a JSON array of them)
+    BASE_FRAMES: Final = "base_frames"
     LAST_ERROR: Final = "last_error"
     RESULT: Final = "result"  # the reply of a succeeded turn (JSON)
     DLQ_ID: Final = "dlq_id"
@@ -138,6 +145,9 @@ class Field:
     PAUSE_EXPIRES_AT_MS: Final = "pause_expires_at_ms"
     TRACE: Final = "trace"  # W3C trace context (JSON carrier)
     RUNNABLE_AT_MS: Final = "runnable_at_ms"
+    # '<iteration>|<lease token>' of the attempt's last token.delta (tokens.lua); the retry
+    # that ends the attempt removes it.
+    STREAMED: Final = "streamed"
     # The journal of the iteration in flight (tasks/store/journal.py), besides journal:<index>.
     JOURNAL_RESPONSE: Final = "journal:response"
     JOURNAL_CALLS: Final = "journal:calls"
@@ -301,6 +311,7 @@ ENDING_KEYS: Final = (
     "events",
     "deadlines",
     "conversation",
+    "conversation_frames",
     "pauses",
 )
 
@@ -325,7 +336,17 @@ UNREGISTER: Final = ScriptSchema(
 )
 CLAIM: Final = ScriptSchema(
     "claim",
-    keys=("turn", "queue", "lease", "retries", "running", "pending", "conversation", "events"),
+    keys=(
+        "turn",
+        "queue",
+        "lease",
+        "retries",
+        "running",
+        "pending",
+        "conversation",
+        "conversation_frames",
+        "events",
+    ),
     args=("turn_id", "token", "lease_ms", "worker"),
     replies=ClaimStatus,
 )
@@ -369,7 +390,10 @@ SUCCEED: Final = ScriptSchema(
     args=(
         "turn_id",
         "token",
+        # The conversation as the turn leaves it: a whole envelope (a compaction), or else a
+        # frame appended to conversation_frames; the other one ''.
         "envelope",
+        "frame",
         "result",
         "ttl_s",
         "turn_prefix",
@@ -377,6 +401,14 @@ SUCCEED: Final = ScriptSchema(
         "celery_ttl_s",
     ),
     replies=Outcome,
+)
+TOKENS: Final = ScriptSchema(
+    "tokens",
+    keys=("turn", "lease", "events", "tokens"),
+    args=("turn_id", "token", "data", "check_ms"),
+)
+DROP_TOKENS: Final = ScriptSchema(
+    "drop_tokens", keys=("turn", "events", "tokens"), args=("turn_id", "ttl_ms")
 )
 RETRY: Final = ScriptSchema(
     "retry",
@@ -398,6 +430,9 @@ CANCEL: Final = ScriptSchema(
 TAKE_DUE: Final = ScriptSchema(
     "take_due", keys=("index",), args=("limit", "bump_ms", "lag_ms", "turn_prefix")
 )
+# The pump's probe: no KEYS, since the indices it reads span shards (one call per Redis node);
+# `indices` packs them in one argument, "key lag_ms key lag_ms ...".
+DUE_PROBE: Final = ScriptSchema("due_probe", keys=(), args=("indices",))
 LEASE_HOLDER: Final = ScriptSchema("lease_holder", keys=("lease",))
 WORKER_BEAT: Final = ScriptSchema("worker_beat", keys=("workers",), args=("name", "received"))
 
@@ -414,11 +449,14 @@ SCRIPTS: Final[Mapping[str, ScriptSchema]] = {
         DECIDE,
         TRACE,
         JOURNAL,
+        TOKENS,
+        DROP_TOKENS,
         SUCCEED,
         RETRY,
         DEAD_LETTER,
         CANCEL,
         TAKE_DUE,
+        DUE_PROBE,
         LEASE_HOLDER,
         WORKER_BEAT,
     )

@@ -32,6 +32,8 @@ MAX_INDEX_SHARDS = 16384
 # The longest duration any setting may name (ten years): every time the scripts store is an
 # integer of ms, far inside a double's exact range.
 MAX_SECONDS = 10 * 365 * 24 * 3600
+# Streamed text held longer than a minute would not be streaming any more.
+MAX_TOKEN_FLUSH_MS = 60_000
 
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _QUEUE = re.compile(r"[^\s,]+")
@@ -109,6 +111,16 @@ class Settings:
     # in ..."): off, since a turn's events and status say as much, and the two lines cost a
     # short turn several percent of its throughput. Warnings and errors are logged either way.
     celery_task_logs: bool = False
+    # A turn's streamed text reaches its event stream at most once per this many ms (plus once
+    # when each model call ends): the writes per turn follow the time a reply takes, not the
+    # number of pieces the provider sends it in (tasks/turn/tokens.py).
+    token_flush_ms: int = 50
+    # The token.delta events of a turn are removed this long after it ended; its other events
+    # stay as long as its record.
+    token_ttl_s: int = 3600
+    # `agentjobs web`: when set, every request needs it (Authorization: Bearer); without it
+    # the server binds to loopback only.
+    web_token: str = field(default="", repr=False)
 
 
 def load_settings(
@@ -165,6 +177,11 @@ def load_settings(
         anthropic_base_url=env.http_url("ANTHROPIC_BASE_URL"),
         otel_capture_content=env.flag("AGENTJOBS_OTEL_CAPTURE_CONTENT", False),
         celery_task_logs=env.flag("AGENTJOBS_CELERY_TASK_LOGS", False),
+        token_flush_ms=env.count(
+            "AGENTJOBS_TOKEN_FLUSH_MS", Settings.token_flush_ms, maximum=MAX_TOKEN_FLUSH_MS
+        ),
+        token_ttl_s=env.whole_seconds("AGENTJOBS_TOKEN_TTL_S", Settings.token_ttl_s),
+        web_token=env.api_key("AGENTJOBS_WEB_TOKEN"),
     )
     if settings.backoff_max_s < settings.backoff_base_s:
         raise SettingsError(

@@ -6,10 +6,17 @@ reports the change in the same step (tasks/store/lua/common.lua, `emit`), so a r
 record change without its event or the other way round. A stream entry's id is the event id: a
 client that lost its connection passes the last id it saw as `after` and misses nothing. The
 stream is kept as long as the turn record.
+
+The streamed answer text is in the same stream, as token.delta events written by the worker
+(tasks/turn/tokens.py), so a reader that asks for them (`tokens=True`) gets them in their place
+among the others, a reader that joins mid-turn gets every delta written so far, and one that
+reconnects resumes from a delta's id as from any other. Readers that do not ask never see them.
+They are removed AGENTJOBS_TOKEN_TTL_S after the turn ended (the pump); the rest stays.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -18,11 +25,15 @@ from typing import Any
 
 import orjson
 
-from tasks.core.schema import TERMINAL_EVENTS
+from tasks.core.schema import TERMINAL_EVENTS, Event
 from tasks.queue.context import JobContext, job_context
+from tasks.store.records import TurnRecord
 
 # How long one blocking read waits before it looks at the turn record again.
 _POLL_S = 1.0
+_TOKEN_DELTA = Event.TOKEN_DELTA.value.encode()
+# A stream entry id, as TurnEvent.id (the sequence part may be left out).
+_EVENT_ID = re.compile(r"\d+(?:-\d+)?")
 
 
 @dataclass(frozen=True)
@@ -53,18 +64,29 @@ def iter_events(
     *,
     after: str | None = None,
     block_s: float | None = None,
+    tokens: bool = False,
     identity: Mapping[str, Any] | None = None,
 ) -> Iterator[TurnEvent]:
     """The turn's events in order, from the first (or after the event `after`), then waiting
     for new ones while the turn is unfinished; it ends after the terminal event. `block_s`
-    bounds the wait for each next event (None: until the turn ends). An unknown turn id
-    raises LookupError, and so does, with `identity`, a turn of another one."""
+    bounds the wait for each next event (None: until the turn ends). With `tokens`, the
+    token.delta events {text} too, in their place. Raises at once, before the first event:
+    LookupError for an unknown turn id (and, with `identity`, a turn of another one),
+    ValueError for an `after` that is not an event id."""
+    if after is not None and not _EVENT_ID.fullmatch(after):
+        raise ValueError(f"after={after!r} is not an event id (<ms>-<seq>, as TurnEvent.id)")
     ctx = job_context()
     record = ctx.records.find(turn_id, identity)
     if record is None:
         raise LookupError(f"no turn {turn_id!r} (finished turns are kept for the record TTL)")
+    return _follow(ctx, record, after or "0-0", block_s=block_s, tokens=tokens)
+
+
+def _follow(
+    ctx: JobContext, record: TurnRecord, last: str, *, block_s: float | None, tokens: bool
+) -> Iterator[TurnEvent]:
+    turn_id = record.turn_id
     key = ctx.keys.for_namespace(record.namespace).events(turn_id)
-    last = after or "0-0"
     waited_since = time.monotonic()
     while True:
         batch = _read(ctx, key, last, block_ms=0)
@@ -81,6 +103,9 @@ def iter_events(
                         return
                 batch = _read(ctx, key, last, block_ms=max(1, int(remaining_s * 1000)))
         for entry_id, fields in batch:
+            if not tokens and fields[b"type"] == _TOKEN_DELTA:
+                last = entry_id.decode()
+                continue
             event = TurnEvent.from_stream(turn_id, entry_id, fields)
             last = event.id
             waited_since = time.monotonic()

@@ -4,8 +4,9 @@ with it. Each script is loaded as three parts (`_source`): a prelude generated f
 tasks/core/schema.py (the names of the states, events, record fields and replies, and the
 script's KEYS and ARGV by name: schema.lua_prelude), then the functions of
 tasks/store/lua/common.lua it calls (the server clock, the lease encoding, ending a turn), then
-the script's own body. Every script touches the keys of one shard only, and every call here
-passes its KEYS and ARGV by name (schema.ScriptSchema).
+the script's own body. Every script touches the keys of one shard only (but due_probe, which
+only reads, one member of each time index of the shards on one Redis node), and every call
+here passes its KEYS and ARGV by name (schema.ScriptSchema).
 
 The states of a turn and what moves it, each by one script (the only transitions there are):
 
@@ -52,8 +53,11 @@ from importlib import resources
 from typing import Any
 
 import orjson
+import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import RedisError
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException, RedisError
 
 from agent import AgentRunCheckpoint
 from tasks.core import schema
@@ -66,7 +70,7 @@ from tasks.core.schema import ClaimStatus as ClaimStatus
 from tasks.core.schema import Registered as Registered
 from tasks.core.schema import TurnState as TurnState
 from tasks.store.client import StateClient
-from tasks.store.progress import progress_checkpoint
+from tasks.store.progress import Frame, progress_checkpoint
 
 logger = logging.getLogger("agentjobs.records")
 
@@ -132,6 +136,7 @@ class TurnRecord:
     checkpoint: bytes = b""
     frames: tuple[bytes, ...] = ()
     base: bytes = b""  # the stored conversation the frames build on, kept once the turn ended
+    base_frames: tuple[Frame, ...] = ()  # ... and the conversation frames on that envelope
     journal: dict[str, bytes] = field(default_factory=dict)  # tasks/store/journal.py
     last_error: str = ""  # redacted
     result: Any = None  # the reply dict of a succeeded turn
@@ -191,6 +196,7 @@ class TurnRecord:
             checkpoint=_bytes(raw, Field.CHECKPOINT),
             frames=frames,
             base=_bytes(raw, Field.BASE),
+            base_frames=_frames_array(_bytes(raw, Field.BASE_FRAMES)),
             journal={
                 name: _bytes(raw, name) for name in names if name.startswith(FieldPrefix.JOURNAL)
             },
@@ -253,8 +259,18 @@ class TurnRecord:
         }
 
 
+def _frames_array(raw: bytes) -> tuple[Frame, ...]:
+    """The conversation frames keep_base (common.lua) kept as one JSON array."""
+    if not raw:
+        return ()
+    frames = orjson.loads(raw)
+    if not isinstance(frames, list) or not all(isinstance(frame, dict) for frame in frames):
+        raise ValueError(f"{Field.BASE_FRAMES} is not an array of frames")
+    return tuple(frames)
+
+
 # Fields kept as bytes, not decoded with the small ones.
-_LARGE_FIELDS = (Field.CHECKPOINT, Field.BASE)
+_LARGE_FIELDS = (Field.CHECKPOINT, Field.BASE, Field.BASE_FRAMES)
 _LARGE_PREFIXES = (FieldPrefix.FRAME, FieldPrefix.JOURNAL, FieldPrefix.DECISION)
 
 
@@ -267,8 +283,10 @@ def _is_large(name: bytes | str) -> bool:
 class Claim:
     status: ClaimStatus
     record: TurnRecord | None = None
-    # The stored conversation envelope, when the turn starts from it (no checkpoint of its own).
+    # The stored conversation envelope, when the turn starts from it (no checkpoint of its own),
+    # and the conversation frames on it (tasks/store/conversations.py).
     stored: bytes | None = None
+    stored_frames: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -318,6 +336,7 @@ class TurnRecords:
         self._keys = keys
         self._scripts: dict[str, Script] = {}
         self.unreadable_seen: set[str] = set()  # logged once per process
+        self._probe_failures: set[str] = set()  # due_indices: each logged once
 
     @property
     def keys(self) -> Keys:
@@ -492,7 +511,8 @@ class TurnRecords:
         self, turn_id: str, namespace: str, token: str, lease_ttl_s: float, worker: str
     ) -> Claim:
         """Take the turn if it may run now. One round trip, which also returns its record and,
-        for a turn starting from the stored conversation, that conversation."""
+        for a turn starting from the stored conversation, that conversation (its envelope and
+        conversation frames)."""
         k = self._keys.for_namespace(namespace)
         keys = {
             "turn": k.turn(turn_id),
@@ -502,6 +522,7 @@ class TurnRecords:
             "running": k.running,
             "pending": k.pending,
             "conversation": k.conversation(namespace),
+            "conversation_frames": k.conversation_frames(namespace),
             "events": k.events(turn_id),
         }
         args = {
@@ -517,7 +538,8 @@ class TurnRecords:
         flat = reply[2]
         raw = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
         stored = reply[3] if isinstance(reply[3], bytes) else None
-        return Claim(status, TurnRecord.from_redis(turn_id, raw), stored)
+        frames = tuple(reply[4]) if stored is not None and len(reply) > 4 else ()
+        return Claim(status, TurnRecord.from_redis(turn_id, raw), stored, frames)
 
     def renew(
         self,
@@ -672,14 +694,51 @@ class TurnRecords:
         flat = [item for pair in fields.items() for item in pair]
         return bool(self._run(schema.JOURNAL, keys, args, flat))
 
+    def write_tokens(
+        self, turn_id: str, namespace: str, token: str, text: str, *, check_ms: int
+    ) -> bool:
+        """Append streamed answer text as a token.delta event (tasks/store/lua/tokens.lua); the
+        pump first looks at the turn's deltas `check_ms` later. False when the lease is no
+        longer this turn's."""
+        k = self._keys.for_namespace(namespace)
+        keys = {
+            "turn": k.turn(turn_id),
+            "lease": k.lease(namespace),
+            "events": k.events(turn_id),
+            "tokens": k.tokens,
+        }
+        args = {
+            "turn_id": turn_id,
+            "token": token,
+            "data": orjson.dumps({"text": text}),
+            "check_ms": check_ms,
+        }
+        return bool(self._run(schema.TOKENS, keys, args))
+
+    def drop_tokens(self, shard: ShardKeys, turn_id: str, *, ttl_ms: int) -> bool:
+        """Remove the token.delta events of a turn of `shard`'s token index that ended `ttl_ms`
+        ago (True), or put it back in the index for when it will have (False)."""
+        keys = {
+            "turn": shard.turn(turn_id),
+            "events": shard.events(turn_id),
+            "tokens": shard.tokens,
+        }
+        args = {"turn_id": turn_id, "ttl_ms": ttl_ms}
+        return int(self._run(schema.DROP_TOKENS, keys, args)) == 0
+
     def progress(self, record: TurnRecord) -> AgentRunCheckpoint | None:
         """The turn's last persisted progress as a checkpoint (tasks/store/progress.py), reading the
-        stored conversation when its frames build on it; None when it has none of its own."""
-        stored = record.base or None
+        stored conversation (envelope and frames, one round trip) when its frames build on it;
+        None when it has none of its own."""
+        stored, stored_frames = record.base or None, record.base_frames
         if record.frames and not record.checkpoint and stored is None and record.namespace:
-            found = self._redis.get(self._keys.conversation(record.namespace))
-            stored = found if isinstance(found, bytes) else None
-        return progress_checkpoint(record.checkpoint, record.frames, stored)
+            with self._redis.pipeline(transaction=False) as pipe:
+                pipe.get(self._keys.conversation(record.namespace))
+                pipe.lrange(self._keys.conversation_frames(record.namespace), 0, -1)
+                found, listed = pipe.execute()
+            if isinstance(found, bytes):
+                stored, stored_frames = found, tuple(listed)
+        return progress_checkpoint(record.checkpoint, record.frames, stored, stored_frames)
 
     def _ending_keys(self, k: ShardKeys, turn_id: str, namespace: str) -> dict[str, str]:
         # The keys common.lua's end_turn reads (schema.ENDING_KEYS), by name.
@@ -694,6 +753,7 @@ class TurnRecords:
             "events": k.events(turn_id),
             "deadlines": k.deadlines,
             "conversation": k.conversation(namespace),
+            "conversation_frames": k.conversation_frames(namespace),
             "pauses": k.pauses,
         }
 
@@ -703,13 +763,18 @@ class TurnRecords:
         namespace: str,
         token: str,
         *,
-        envelope: bytes,
+        envelope: bytes = b"",
+        frame: bytes = b"",
         result: bytes,
         ttl_s: int,
         celery_result: CeleryResult | None = None,
     ) -> Ended:
-        """Store the conversation and end the turn, atomically; with `celery_result`, write
-        the turn's Celery result in the same step."""
+        """Store the conversation and end the turn, atomically: a whole `envelope` (dropping
+        the conversation frames) or one conversation `frame` appended, exactly one of them
+        (tasks/store/conversations.py, turn_write); with `celery_result`, write the turn's
+        Celery result in the same step."""
+        if bool(envelope) == bool(frame):
+            raise ValueError("succeed stores the conversation as an envelope or as a frame")
         k = self._keys.for_namespace(namespace)
         keys = self._ending_keys(k, turn_id, namespace)
         keys["celery_result"] = celery_result.key if celery_result else keys["turn"]
@@ -717,6 +782,7 @@ class TurnRecords:
             "turn_id": turn_id,
             "token": token,
             "envelope": envelope,
+            "frame": frame,
             "result": result,
             "ttl_s": ttl_s,
             "turn_prefix": k.turn_prefix,
@@ -804,6 +870,51 @@ class TurnRecords:
         flat = self._run(schema.TAKE_DUE, {"index": index_key}, args)
         return [Due(*(_text(v) for v in flat[i : i + 4])) for i in range(0, len(flat), 4)]
 
+    def due_indices(self, indices: Mapping[str, int]) -> set[str]:
+        """Which of `indices` (time index key -> lag_ms) hold a member due by the server's clock
+        minus its lag, as take_due counts it, so the pump takes only from those. One due_probe
+        call per Redis node, its argument packed once (_packed_by_slot): on a cluster the
+        indices are grouped by the node serving their slot (a script without flags may read
+        keys of several slots when they all live on its node). A cluster node whose probe
+        fails (its slots moved, it is down) has all its indices reported due: take_due sweeps
+        them through the cluster client, which follows the move or raises, as before."""
+        by_slot = _packed_by_slot(tuple(indices.items()))
+        if not isinstance(self._redis, RedisCluster):
+            return self._probe(list(by_slot.values()))
+        due: set[str] = set()
+        by_node: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        for packed, keys in by_slot.values():
+            try:
+                node = self._redis.get_node_from_key(keys[0]).name  # type: ignore[no-untyped-call]
+            except RedisClusterException:  # a slot no node serves now: take_due will say
+                due.update(keys)
+                continue
+            by_node.setdefault(node, []).append((packed, keys))
+        for name, parts in by_node.items():
+            try:
+                server = self._redis.get_node(node_name=name)  # type: ignore[no-untyped-call]
+                due |= self._probe(parts, self._redis.get_redis_connection(server))
+            except RedisError as exc:
+                if f"{name}: {exc}" not in self._probe_failures:
+                    self._probe_failures.add(f"{name}: {exc}")
+                    logger.warning("due probe on %s failed (%s); sweeping its shards", name, exc)
+                due.update(key for _, keys in parts for key in keys)
+        return due
+
+    def _probe(
+        self, parts: Sequence[tuple[str, tuple[str, ...]]], client: redis.Redis | None = None
+    ) -> set[str]:
+        """due_probe over the packed `parts` (of one node), on `client` (default: the store's)."""
+        args = {"indices": " ".join(packed for packed, _ in parts)}
+        if client is None:
+            reply = self._run(schema.DUE_PROBE, {}, args)
+        else:
+            script = schema.DUE_PROBE
+            ordered = script.args_from(args)
+            reply = self.script(script.name)(keys=script.keys_from({}), args=ordered, client=client)
+        keys = [key for _, held in parts for key in held]
+        return {keys[int(position)] for position in reply}
+
     def conversation_head(self, namespace: str) -> str | None:
         head = self._redis.lindex(self._keys.for_namespace(namespace).queue(namespace), 0)
         return _text(head) if isinstance(head, bytes | str) else None
@@ -826,6 +937,22 @@ class TurnRecords:
     def server_time_ms(self) -> int:
         seconds, micros = self._redis.time()
         return int(seconds) * 1000 + int(micros) // 1000
+
+
+@functools.lru_cache(maxsize=8)
+def _packed_by_slot(pairs: tuple[tuple[str, int], ...]) -> dict[int, tuple[str, tuple[str, ...]]]:
+    """Time indices (key, lag_ms) by hash slot, each slot's as due_probe reads them ("key lag_ms"
+    pairs, space-separated) with its keys in that order. The pump asks about the same indices
+    every tick: packed once, one argument however many shards."""
+    by_slot: dict[int, list[tuple[str, int]]] = {}
+    for key, lag_ms in pairs:
+        if not key or any(c.isspace() for c in key):
+            raise ValueError(f"time index {key!r}: a key without whitespace is expected")
+        by_slot.setdefault(key_slot(key.encode()), []).append((key, int(lag_ms)))
+    return {
+        slot: (" ".join(f"{key} {lag_ms}" for key, lag_ms in held), tuple(k for k, _ in held))
+        for slot, held in by_slot.items()
+    }
 
 
 def _ended(reply: list[Any]) -> Ended:

@@ -31,11 +31,11 @@ from tasks.core.errors import PoisonTurn, Reason
 from tasks.core.payload import TurnRequest, parse_payload
 from tasks.queue.context import JobContext
 from tasks.queue.results import writes_inline
-from tasks.store.conversations import envelope_bytes
+from tasks.store.conversations import StoredConversation, turn_write
 from tasks.store.journal import read_journal
 from tasks.store.pending import recorded_decisions, requests_json
 from tasks.store.progress import apply_frames
-from tasks.store.records import TurnRecord
+from tasks.store.records import Claim, TurnRecord
 from tasks.turn import ending
 from tasks.turn.checkpoints import TurnCheckpoints
 from tasks.turn.outcomes import Decision, Outcome, decide
@@ -80,16 +80,18 @@ class Attempt:
 
     def _run_agent(self, request: TurnRequest) -> AgentResult:
         """Run the agent through the door the turn's record calls for: a fresh start, a
-        resume after an error or a crash, or a resume with a person's decisions."""
+        resume after an error or a crash, or a resume with a person's decisions. Every door
+        streams: the answer text goes to the turn's events as the model writes it."""
         agent = build_agent(request.agent, self.ctx.settings.agents)
         points = self.points
+        on_token = points.tokens.add
         # The iteration in flight when an earlier delivery stopped, if its response was kept:
         # it goes on without a second model call or a second run of a completed tool call.
         journal = read_journal(self.record.journal)
         stored = None
         if self.stored is not None:
             key = self.ctx.store.key(self.namespace)
-            stored = self.ctx.store.recent.read(self.stored, key, self.namespace)
+            stored = self._read_stored(key)
         if not (self.record.checkpoint or self.record.frames):
             points.start_from(stored)
             turn_input = AgentInput(
@@ -99,7 +101,7 @@ class Attempt:
                 message_from=request.message_from,
                 time=request.time,
             )
-            return agent.run(turn_input, journal=journal, hooks=points)
+            return agent.run(turn_input, journal=journal, hooks=points, on_token=on_token)
         # A later attempt, or a redelivery after a crash: resume from the last persisted
         # progress; tools of completed iterations do not run again.
         base = stored
@@ -112,8 +114,12 @@ class Attempt:
         if journal is not None and journal.requests and decisions:
             # A pause a person answered: go on with the decisions, not the model.
             pause = RunPause(checkpoint, journal, tuple(journal.requests.values()))
-            return agent.resume(decisions, pause=pause, time=request.time, hooks=points)
-        return agent.resume_on_error(checkpoint, time=request.time, journal=journal, hooks=points)
+            return agent.resume(
+                decisions, pause=pause, time=request.time, hooks=points, on_token=on_token
+            )
+        return agent.resume_on_error(
+            checkpoint, time=request.time, journal=journal, hooks=points, on_token=on_token
+        )
 
     # -- ending --------------------------------------------------------------------------------
 
@@ -173,11 +179,20 @@ class Attempt:
             "content": result.content,
             "attempts": self.attempt,
         }
-        envelope = envelope_bytes(result.checkpoint)
-        if not ending.succeed(self.ctx, self.record, self.token, envelope=envelope, reply=reply):
+        # One conversation frame against the stored conversation the turn started from, or
+        # the whole envelope again (tasks/store/conversations.py, turn_write).
+        write = turn_write(self.started_from, result.checkpoint)
+        if not ending.succeed(
+            self.ctx,
+            self.record,
+            self.token,
+            envelope=write.envelope,
+            frame=write.frame,
+            reply=reply,
+        ):
             raise Ignore()
         self.result_stored = writes_inline(self.ctx)
-        self.ctx.store.recent.remember(self.namespace, envelope, result.checkpoint)
+        self.ctx.store.recent.remember(self.namespace, write.stored)
         return reply
 
     def _pause(self, pause: RunPause) -> None:
@@ -228,3 +243,27 @@ class Attempt:
                 self.turn_id,
                 self.points.iteration,
             )
+
+    # -- the stored conversation --------------------------------------------------------------
+
+    # The conversation frames on the envelope `stored` the claim brought.
+    stored_frames: tuple[bytes, ...] = ()
+    # That stored conversation, read and checked: what the turn started from (None: it starts
+    # from nothing, or from a checkpoint of its own).
+    started_from: StoredConversation | None = None
+
+    @classmethod
+    def from_claim(cls, ctx: JobContext, claim: Claim, *, token: str) -> Attempt:
+        """The attempt on a claimed turn, with the stored conversation the claim brought."""
+        assert claim.record is not None
+        attempt = cls(ctx, claim.record, token=token, stored=claim.stored)
+        attempt.stored_frames = claim.stored_frames
+        return attempt
+
+    def _read_stored(self, key: str) -> AgentRunCheckpoint:
+        """The stored conversation the claim brought, checked (once per process and
+        conversation: RecentConversations), kept as `started_from`."""
+        assert self.stored is not None
+        recent = self.ctx.store.recent
+        self.started_from = recent.read(self.stored, self.stored_frames, key, self.namespace)
+        return self.started_from.checkpoint

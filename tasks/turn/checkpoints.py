@@ -5,6 +5,10 @@ attempt of a turn keeps them.
                        the lease has just been made: the claim before the attempt's first
                        call, the round's progress before the next); a worker shutting down
                        hands the turn over here, before it pays for another call
+    (on_token)         the answer text as it streams, coalesced into token.delta events
+                       (tasks/turn/tokens.py); not a check point: the door's `on_token`
+    after_model_call   the call's last text written (the writer's final flush), before its
+                       response is used; a turn no longer ours stops here
     on_response        the response is journaled with its first call's start (no round trip)
     before_tool_call   the call's start journaled, with its `tool.started` event; a turn no
                        longer ours does not run the tool; shutting down hands the turn over
@@ -53,6 +57,7 @@ from tasks.store.progress import FrameWriter
 from tasks.store.records import TurnRecord
 from tasks.telemetry.tracing import AttemptTrace
 from tasks.turn import ending
+from tasks.turn.tokens import TokenWriter
 
 _TOOL_EVENTS = {
     ToolCallPhase.STARTED: Event.TOOL_STARTED,
@@ -94,6 +99,8 @@ class TurnCheckpoints(RunHooks):
         self.lease_checked_at = time.monotonic()
         # The attempt's spans (tasks/telemetry/tracing.py); None when not tracing.
         self.trace: AttemptTrace | None = None
+        # The streamed text: the door's on_token is `tokens.add`.
+        self.tokens = TokenWriter(self._write_tokens, ctx.settings.token_flush_ms)
 
     def start_from(self, checkpoint: AgentRunCheckpoint | None) -> None:
         """The progress the run starts from: later frames hold what changed since."""
@@ -129,9 +136,11 @@ class TurnCheckpoints(RunHooks):
             self.trace.model_call(report)
         return None
 
-    def after_model_call(self, report: ModelCallReport) -> None:
+    def after_model_call(self, report: ModelCallReport) -> LeaseLost | None:
         if self.trace is not None:
             self.trace.model_call(report)
+        if not self._write(self.tokens.flush):
+            return LeaseLost(self.turn_id)
         return None
 
     def on_response(self, report: ResponseReport) -> None:
@@ -209,6 +218,17 @@ class TurnCheckpoints(RunHooks):
                 event_type=_TOOL_EVENTS[phase],
                 event_data=data,
             )
+        )
+        if written:
+            self.lease_checked_at = time.monotonic()
+        return written
+
+    def _write_tokens(self, text: str) -> bool:
+        """One token.delta (the TokenWriter's write): like any write it checks the lease."""
+        check_ms = self.ctx.settings.token_ttl_s * 1000
+        records = self.ctx.records
+        written = records.write_tokens(
+            self.turn_id, self.namespace, self.token, text, check_ms=check_ms
         )
         if written:
             self.lease_checked_at = time.monotonic()

@@ -74,7 +74,7 @@ def drive_turn(
             logger.info("turn %s not run by this delivery: %s", turn_id, claim.status)
             ending.not_run(ctx, turn_id, namespace, claim.status)
             raise Ignore()
-        attempt = Attempt(ctx, claim.record, token=token, stored=claim.stored)
+        attempt = Attempt.from_claim(ctx, claim, token=token)
         points = attempt.points
         with (
             trace_attempt(ctx, claim.record, token) as points.trace,

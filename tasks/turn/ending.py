@@ -249,12 +249,19 @@ def _wake_next(ctx: JobContext, record: TurnRecord, ended: Ended) -> None:
 
 
 def succeed(
-    ctx: JobContext, record: TurnRecord, token: str, *, envelope: bytes, reply: Mapping[str, Any]
+    ctx: JobContext,
+    record: TurnRecord,
+    token: str,
+    *,
+    envelope: bytes = b"",
+    frame: bytes = b"",
+    reply: Mapping[str, Any],
 ) -> bool:
-    """Store the conversation and end the turn as succeeded, with its Celery result when the
-    result backend is the state Redis (otherwise Celery writes it from the reply the worker
-    returns); wake the next turn. False when the turn was no longer this delivery's (nothing
-    written but the result's repair)."""
+    """Store the conversation (a whole `envelope` or one conversation `frame`,
+    tasks/store/conversations.py) and end the turn as succeeded, with its Celery result when
+    the result backend is the state Redis (otherwise Celery writes it from the reply the
+    worker returns); wake the next turn. False when the turn was no longer this delivery's
+    (nothing written but the result's repair)."""
     ended = patiently(
         ctx,
         record,
@@ -263,6 +270,7 @@ def succeed(
         record.namespace,
         token,
         envelope=envelope,
+        frame=frame,
         result=orjson.dumps(reply),
         ttl_s=ctx.settings.record_ttl_s,
         celery_result=inline_result(ctx, record.turn_id, reply),

@@ -9,19 +9,36 @@ Each tick, shard by shard, it wakes (publishes resume_turn for):
   message was never published, or went down with a broker);
 and, once per tick, the prefetched turns of workers whose heartbeat stopped (tasks/turn/worker.py).
 It dead-letters turns past their deadline and paused turns past their pause TTL.
-It also writes the Celery result of ended turns whose worker could not.
+It also writes the Celery result of ended turns whose worker could not, and removes the
+streamed text (token.delta events) of turns that ended AGENTJOBS_TOKEN_TTL_S ago.
 Several pumps may run: each due entry is taken atomically and pushed back in time before it is
 published, so it is woken once per interval at most. Every time is the Redis server's.
+
+**The probe.** Each of those lives in a time index of its shard (tasks/core/keys.py: seven per
+shard, AGENTJOBS_INDEX_SHARDS shards). A tick first asks them all at once
+(tasks/store/lua/due_probe.lua, TurnRecords.due_indices): one script per Redis node reads the
+lowest score of each index the node holds against the server's clock, less the index's lag
+(time_indices: the stall interval for queued turns, the result grace for ended ones), and
+answers the indices where something is due; the tick takes (take_due) from those alone, in the
+order it always did. An idle tick costs one script on one Redis (plain or Sentinel), one per
+node on a Cluster, whatever the shard count, where it cost one take_due per index (112 with 16
+shards). Each index is still asked once a tick with the same lag, so what falls due after a
+probe is found by the next tick's, as take_due found it before; take_due still reads the
+server's clock itself and takes atomically, so the probe only spares calls. A cluster node
+whose probe fails has all its indices swept as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import threading
 import time
+from collections.abc import Container, Mapping
 from dataclasses import astuple, dataclass
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -29,7 +46,7 @@ import redis
 from kombu.exceptions import ChannelError
 
 from tasks.core.errors import DeadlineExceeded, PauseExpired, Reason
-from tasks.core.keys import ShardKeys
+from tasks.core.keys import Keys, ShardKeys
 from tasks.core.redact import RedactingFilter
 from tasks.queue.app import app
 from tasks.queue.context import JobContext, job_context
@@ -57,6 +74,35 @@ class Tick:
 
     def __bool__(self) -> bool:
         return any(astuple(self))
+
+
+def time_indices(ctx: JobContext) -> Mapping[str, int]:
+    """Every shard's time indices, each with the lag (ms) by which a member's score must be
+    behind the server's clock for it to be due: the stall interval for queued turns, the
+    result grace for ended ones, none for the others. The probe asks with the lags the sweeps
+    below take with."""
+    stall_ms = int(ctx.settings.stall_after_s * 1000)
+    grace_ms = int(ctx.settings.result_grace_s * 1000)
+    return _time_indices(ctx.keys, stall_ms, grace_ms)
+
+
+@functools.cache
+def _time_indices(keys: Keys, stall_ms: int, grace_ms: int) -> Mapping[str, int]:
+    """Built once: the same keys every tick."""
+    indices: dict[str, int] = {}
+    for shard in keys.all_shards():
+        indices.update(
+            {
+                shard.deadlines: 0,
+                shard.pauses: 0,
+                shard.retries: 0,
+                shard.running: 0,
+                shard.pending: stall_ms,
+                shard.finished: grace_ms,
+                shard.tokens: 0,
+            }
+        )
+    return MappingProxyType(indices)
 
 
 def confirm_results(ctx: JobContext, shard: ShardKeys) -> int:
@@ -130,7 +176,11 @@ class BrokerBacklog:
         self._connection = None
 
 
-def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tick:
+def pump_shard(
+    ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog, due: Container[str]
+) -> Tick:
+    """Wake the shard's due retries, turns of dead workers and stalled turns, from the indices
+    in `due` (the probe's answer)."""
     records, settings = ctx.records, ctx.settings
     lease_ms = int(settings.lease_ttl_s * 1000)
     stall_ms = int(settings.stall_after_s * 1000)
@@ -175,20 +225,23 @@ def pump_shard(ctx: JobContext, shard: ShardKeys, backlog: BrokerBacklog) -> Tic
             return 1
         return 0
 
-    retries = records.sweep(
-        records.take_due(shard, shard.retries, limit=BATCH, bump_ms=stall_ms), wake_due
-    )
-    expired = records.sweep(
-        records.take_due(shard, shard.running, limit=BATCH, bump_ms=lease_ms), wake_expired
-    )
-    stalled = 0
-    candidates = records.take_due(
-        shard, shard.pending, limit=BATCH, bump_ms=stall_ms, lag_ms=stall_ms
-    )
-    # While the broker holds messages, stalled turns are left be (BrokerBacklog); the taken
-    # ones were pushed back a stall interval and are looked at again then.
-    if candidates and not backlog.messages_waiting():
-        stalled = records.sweep(candidates, wake_stalled)
+    retries = expired = stalled = 0
+    if shard.retries in due:
+        retries = records.sweep(
+            records.take_due(shard, shard.retries, limit=BATCH, bump_ms=stall_ms), wake_due
+        )
+    if shard.running in due:
+        expired = records.sweep(
+            records.take_due(shard, shard.running, limit=BATCH, bump_ms=lease_ms), wake_expired
+        )
+    if shard.pending in due:
+        candidates = records.take_due(
+            shard, shard.pending, limit=BATCH, bump_ms=stall_ms, lag_ms=stall_ms
+        )
+        # While the broker holds messages, stalled turns are left be (BrokerBacklog); the taken
+        # ones were pushed back a stall interval and are looked at again then.
+        if candidates and not backlog.messages_waiting():
+            stalled = records.sweep(candidates, wake_stalled)
     return Tick(retries=retries, expired=expired, stalled=stalled)
 
 
@@ -262,19 +315,47 @@ def end_expired_pauses(ctx: JobContext, shard: ShardKeys, *, limit: int) -> int:
     return ctx.records.sweep(expired, end_expired)
 
 
-def pump_once(ctx: JobContext, backlog: BrokerBacklog | None = None) -> Tick:
+def drop_streamed_tokens(ctx: JobContext, shard: ShardKeys, *, limit: int) -> None:
+    """Remove the token.delta events of the shard's turns that ended AGENTJOBS_TOKEN_TTL_S ago
+    (tasks/store/lua/drop_tokens.lua); their other events stay. A turn not that long ended
+    goes back in the index for when it will be."""
+    ttl_ms = ctx.settings.token_ttl_s * 1000
+
+    def drop(due: Due) -> int:
+        return int(ctx.records.drop_tokens(shard, due.turn_id, ttl_ms=ttl_ms))
+
+    taken = ctx.records.take_due(shard, shard.tokens, limit=limit, bump_ms=5000)
+    dropped = ctx.records.sweep(taken, drop)
+    if dropped:
+        logger.debug("removed the streamed text of %d ended turns", dropped)
+
+
+def pump_once(ctx: JobContext, backlog: BrokerBacklog | None = None, *, probe: bool = True) -> Tick:
+    """One tick. Without `probe`, take from every index without asking first (the pump before
+    the probe: bench/pump_idle.py's baseline)."""
     backlog = backlog or BrokerBacklog((ctx.settings.turn_queue, ctx.settings.retry_queue))
     backlog.new_tick()
     tick = Tick(orphaned=wake_orphans(ctx))
+    indices = time_indices(ctx)
+    due: Container[str] = ctx.records.due_indices(indices) if probe else indices
+    if not due:
+        return tick
     for shard in ctx.keys.all_shards():
-        tick += Tick(overdue=end_overdue_turns(ctx, shard, limit=BATCH))
-        tick += Tick(expired_pauses=end_expired_pauses(ctx, shard, limit=BATCH))
-        tick += pump_shard(ctx, shard, backlog)
-        tick += Tick(results=confirm_results(ctx, shard))
+        if shard.deadlines in due:
+            tick += Tick(overdue=end_overdue_turns(ctx, shard, limit=BATCH))
+        if shard.pauses in due:
+            tick += Tick(expired_pauses=end_expired_pauses(ctx, shard, limit=BATCH))
+        tick += pump_shard(ctx, shard, backlog, due)
+        if shard.finished in due:
+            tick += Tick(results=confirm_results(ctx, shard))
+        if shard.tokens in due:
+            drop_streamed_tokens(ctx, shard, limit=BATCH)
     return tick
 
 
-def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = None) -> None:
+def run_pump(
+    ctx: JobContext | None = None, *, stop: threading.Event | None = None, probe: bool = True
+) -> None:
     ctx = ctx or job_context()
     stop = stop or threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -287,7 +368,7 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
     while not stop.is_set():
         started = time.monotonic()
         try:
-            tick = pump_once(ctx, backlog)
+            tick = pump_once(ctx, backlog, probe=probe)
             ctx.epoch.check("pump")  # tasks/store/client.py: a store that lost its data
             ctx.redis.set(
                 ctx.keys.pump_heartbeat, ctx.records.server_time_ms(), ex=ctx.settings.record_ttl_s
@@ -326,11 +407,11 @@ def run_pump(ctx: JobContext | None = None, *, stop: threading.Event | None = No
     logger.info("pump stopped")
 
 
-def main() -> None:
+def main(*, probe: bool = True) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter())
-    run_pump()
+    run_pump(probe=probe)
 
 
 if __name__ == "__main__":

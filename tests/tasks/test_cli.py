@@ -574,7 +574,7 @@ def test_stats_and_turn_show_say_the_pump_may_be_down_when_a_retry_is_overdue(
 
 
 # Commands that run until stopped.
-PROCESSES = ("pump", "demo", "metrics")
+PROCESSES = ("pump", "demo", "metrics", "web")
 
 
 def operating_lines() -> list[str]:

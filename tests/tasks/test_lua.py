@@ -39,6 +39,9 @@ PAYLOAD = b'{"agent":"demo","conversation_id":"c-1","message":"hi"}'
 CHECKPOINT_1 = b'{"version":1,"runId":"r-1","round":1}'
 CHECKPOINT_2 = b'{"version":1,"runId":"r-1","round":2}'
 ENVELOPE = b'{"format":"conversation-v1","data":{"runId":"r-1"},"savedAt":1}'
+# Conversation frames on ENVELOPE (tasks/store/progress.py): the keys, the rest, list changes.
+FRAME_1 = b'{"keys":["runId"],"head":{"runId":"r-2"},"lists":{},"on":1}'
+FRAME_2 = b'{"keys":["runId"],"head":{"runId":"r-3"},"lists":{},"on":1}'
 RESULT = b'{"content":"Done"}'
 LEASE_S = 30.0
 # A lease short enough to run out inside a test.
@@ -257,12 +260,29 @@ def test_claim_takes_the_head_with_a_lease_and_returns_its_record(
     assert (claimed.record.token, claimed.record.worker) == ("tok-a", "w1@host")
     assert (claimed.record.deliveries, claimed.record.redeliveries) == (1, 0)
     assert before <= claimed.record.started_at_ms <= after
-    assert claimed.stored == ENVELOPE
+    assert (claimed.stored, claimed.stored_frames) == (ENVELOPE, ())
     # and the lease is the turn's for lease_ttl_s; the running index expects it to end then
     assert records.lease_holder(NS) == "t1"
     assert LEASE_S * 1000 - 1000 < client.pttl(k.lease(NS)) <= LEASE_S * 1000
     assert score(client, k.running, "t1") == claimed.record.started_at_ms + LEASE_S * 1000
     assert score(client, k.pending, "t1") is None
+
+
+def test_the_claim_brings_the_conversation_frames_on_the_stored_envelope(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    # Given a stored conversation of an envelope and two conversation frames
+    k = shard(records)
+    client.set(k.conversation(NS), ENVELOPE)
+    client.rpush(k.conversation_frames(NS), FRAME_1, FRAME_2)
+    register(records, "t1")
+
+    # When its next turn is claimed
+    claimed = claim(records, "t1")
+
+    # Then the claim brings the envelope and the frames, in order
+    assert claimed.status is ClaimStatus.CLAIMED
+    assert (claimed.stored, claimed.stored_frames) == (ENVELOPE, (FRAME_1, FRAME_2))
 
 
 def test_a_turn_with_its_own_checkpoint_is_claimed_without_the_stored_conversation(
@@ -271,6 +291,7 @@ def test_a_turn_with_its_own_checkpoint_is_claimed_without_the_stored_conversati
     # Given a replayed turn that starts from its own checkpoint, and a stored conversation
     register(records, "t1", checkpoint=CHECKPOINT_1)
     client.set(shard(records).conversation(NS), ENVELOPE)
+    client.rpush(shard(records).conversation_frames(NS), FRAME_1)
 
     # When it is claimed
     claimed = claim(records, "t1")
@@ -278,7 +299,7 @@ def test_a_turn_with_its_own_checkpoint_is_claimed_without_the_stored_conversati
     # Then the claim brings its checkpoint and no stored conversation
     assert claimed.status is ClaimStatus.CLAIMED
     assert claimed.record is not None and claimed.record.checkpoint == CHECKPOINT_1
-    assert claimed.stored is None
+    assert (claimed.stored, claimed.stored_frames) == (None, ())
 
 
 def test_claim_refuses_a_turn_that_was_never_registered(records: TurnRecords) -> None:
@@ -572,6 +593,41 @@ def test_a_turn_ended_from_outside_keeps_the_conversation_its_frames_build_on(
     assert (turn.base, turn.frames, turn.journal) == (ENVELOPE, (b"f1",), {})
 
 
+def test_a_turn_ended_from_outside_keeps_the_conversation_frames_too(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    # Given a running turn whose frames build on a stored envelope with conversation frames
+    k = shard(records)
+    client.set(k.conversation(NS), ENVELOPE)
+    client.rpush(k.conversation_frames(NS), FRAME_1, FRAME_2)
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+    records.renew("t1", NS, "tok-a", LEASE_S, frame=b"f1", iteration=1)
+
+    # When it is dead-lettered
+    assert dead_letter(records, "t1", "tok-a").ended
+
+    # Then it keeps the envelope and those frames (one JSON array), with its own frames
+    turn = record(records, "t1")
+    assert turn.base == ENVELOPE
+    assert turn.base_frames == (orjson.loads(FRAME_1), orjson.loads(FRAME_2))
+    assert turn.frames == (b"f1",)
+    assert client.hget(k.turn("t1"), "base_frames") == b"[" + FRAME_1 + b"," + FRAME_2 + b"]"
+
+
+def test_a_turn_ended_from_outside_on_an_envelope_alone_keeps_no_frames(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    client.set(shard(records).conversation(NS), ENVELOPE)
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+    records.renew("t1", NS, "tok-a", LEASE_S, frame=b"f1", iteration=1)
+    records.cancel("t1", NS, reason="test", ttl_s=3600)
+    turn = record(records, "t1")
+    assert (turn.base, turn.base_frames) == (ENVELOPE, ())
+    assert not client.hexists(shard(records).turn("t1"), "base_frames")
+
+
 def test_succeed_drops_the_frames_and_the_journal(records: TurnRecords) -> None:
     register(records, "t1")
     claim(records, "t1", "tok-a")
@@ -625,6 +681,65 @@ def test_succeed_stores_the_conversation_and_ends_the_turn(
     # and the next head is marked as woken now, so the pump does not wake it again at once
     woken = score(client, k.pending, "t2")
     assert woken is not None and before <= woken <= after
+
+
+def test_succeed_with_a_frame_appends_it_to_the_conversation_frames(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    # Given a stored conversation with one frame, and its next turn running
+    k = shard(records)
+    client.set(k.conversation(NS), ENVELOPE)
+    client.rpush(k.conversation_frames(NS), FRAME_1)
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+
+    # When the turn succeeds with a frame
+    ended = records.succeed("t1", NS, "tok-a", frame=FRAME_2, result=RESULT, ttl_s=3600)
+
+    # Then the frame is appended and the envelope left as it was
+    assert ended == Ended(True, None)
+    assert client.get(k.conversation(NS)) == ENVELOPE
+    assert client.lrange(k.conversation_frames(NS), 0, -1) == [FRAME_1, FRAME_2]
+    assert record(records, "t1").state is TurnState.SUCCEEDED
+
+
+def test_succeed_with_an_envelope_compacts_the_conversation(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    # Given a stored conversation with frames, and its next turn running
+    k = shard(records)
+    client.set(k.conversation(NS), b"old")
+    client.rpush(k.conversation_frames(NS), FRAME_1, FRAME_2)
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+
+    # When the turn succeeds with a whole envelope
+    assert succeed(records, "t1", "tok-a").ended
+
+    # Then the envelope is replaced and the frames are gone
+    assert client.get(k.conversation(NS)) == ENVELOPE
+    assert not client.exists(k.conversation_frames(NS))
+
+
+def test_succeed_under_a_wrong_token_appends_no_frame(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    k = shard(records)
+    client.set(k.conversation(NS), ENVELOPE)
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+    ended = records.succeed("t1", NS, "tok-x", frame=FRAME_1, result=RESULT, ttl_s=3600)
+    assert ended == Ended(False)
+    assert not client.exists(k.conversation_frames(NS))
+
+
+def test_succeed_takes_an_envelope_or_a_frame(records: TurnRecords) -> None:
+    register(records, "t1")
+    claim(records, "t1", "tok-a")
+    for written in ({}, {"envelope": ENVELOPE, "frame": FRAME_1}):
+        with pytest.raises(ValueError, match="envelope or as a frame"):
+            records.succeed("t1", NS, "tok-a", result=RESULT, ttl_s=3600, **written)
+    assert record(records, "t1").state is TurnState.RUNNING
 
 
 def test_succeed_of_the_last_turn_names_no_next_head(records: TurnRecords) -> None:
@@ -1095,6 +1210,17 @@ def lifecycle(records: TurnRecords, namespace: str) -> None:
     assert dead_letter(records, "t2", "tok-x", namespace) == Ended(False)
     assert dead_letter(records, "t2", "tok-e", namespace, checkpoint=CHECKPOINT_2).ended
     assert dead_letter(records, "t2", "", namespace) == Ended(False)
+    # a turn that appends a conversation frame, and one that ends keeping it with its base
+    assert register(records, "t4", namespace) is Registered.CREATED
+    assert claim(records, "t4", "tok-f", namespace=namespace).status is ClaimStatus.CLAIMED
+    ended = records.succeed("t4", namespace, "tok-f", frame=FRAME_1, result=RESULT, ttl_s=60)
+    assert ended.ended
+    assert register(records, "t5", namespace) is Registered.CREATED
+    claimed = claim(records, "t5", "tok-g", namespace=namespace)
+    assert claimed.stored_frames == (FRAME_1,)
+    assert records.renew("t5", namespace, "tok-g", LEASE_S, frame=b"f1", iteration=1)
+    assert dead_letter(records, "t5", "tok-g", namespace).ended
+    assert record(records, "t5", namespace).base_frames == (orjson.loads(FRAME_1),)
     assert claim(records, "gone", namespace=namespace).status is ClaimStatus.MISSING
 
 

@@ -29,8 +29,9 @@ SUBMIT = (
 
 
 def test_two_prefixes_on_one_redis_never_meet(make_jobs: Any) -> None:
-    # Given a deployment under the default prefix and one under "blue", one worker each
-    jobs = make_jobs()
+    # Given a deployment under the default prefix and one under "blue", one worker each,
+    # logging Celery's line per task (which names the turn)
+    jobs = make_jobs(AGENTJOBS_CELERY_TASK_LOGS="1")
     blue_env = {**jobs.env, "AGENTJOBS_KEY_PREFIX": "blue", "AGENTJOBS_RECORD_TTL_S": "900"}
     ours = jobs.worker()
     blue = jobs.worker(name="blue", env=blue_env)

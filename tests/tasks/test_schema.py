@@ -304,14 +304,17 @@ def every_script(records: TurnRecords) -> None:
     assert records.claim("t1", NS, "tok-b", 30, "w1").status is schema.ClaimStatus.CLAIMED
     assert records.hand_over("t1", NS, "tok-b", worker="w1", reason="shutdown")
     assert records.claim("t1", NS, "tok-c", 30, "w1").status is schema.ClaimStatus.CLAIMED
+    assert records.write_tokens("t1", NS, "tok-c", "hel", check_ms=60_000)
     assert records.schedule_retry(
         "t1", NS, "tok-c", delay_ms=0, next_attempt=2, checkpoint=b"{}", error="e"
     )
+    assert records.due_indices({k.retries: 0, k.pending: 60_000}) == {k.retries}
     assert records.take_due(k, k.retries, limit=10, bump_ms=1000)
     assert records.claim("t1", NS, "tok-d", 30, "w1").status is schema.ClaimStatus.CLAIMED
     assert records.lease_holder(NS) == "t1"
     ended = records.succeed("t1", NS, "tok-d", envelope=b"{}", result=b'{"content":""}', ttl_s=60)
     assert ended.ended
+    assert not records.drop_tokens(k, "t1", ttl_ms=60_000)  # ended just now: not yet
     assert records.claim("t2", NS, "tok-e", 30, "w1").status is schema.ClaimStatus.CLAIMED
     entry = b'{"id":"dl-t2","reason":"non_resumable","taskId":"t2"}'
     assert records.dead_letter(
@@ -326,7 +329,7 @@ def key_named(name: str, keys: Keys, k: ShardKeys, turn_id: str) -> set[str]:
     """The keys a KEYS name may stand for in a call about `turn_id` of conversation NS."""
     if name in ("turn", "events"):
         return {getattr(k, name)(turn_id)}
-    if name in ("queue", "lease", "conversation"):
+    if name in ("queue", "lease", "conversation", "conversation_frames"):
         return {getattr(k, name)(NS)}
     if name == "index":  # take_due's: any of the shard's time indices
         return {k.retries, k.running, k.pending, k.deadlines, k.pauses, k.finished}

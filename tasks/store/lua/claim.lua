@@ -1,6 +1,7 @@
 -- Take a turn if it may run now: not ended, not waiting out a backoff, the head of its
 -- conversation's queue, no live lease. -> {claimed, deliveries, record, stored envelope or
--- false} or {refusal}: missing | done | paused | not_due | not_head | busy.
+-- false, its conversation frames} or {refusal}: missing | done | paused | not_due | not_head |
+-- busy.
 local turn_id, token, worker = A.turn_id, A.token, A.worker
 local lease_ms = tonumber(A.lease_ms)
 
@@ -35,10 +36,12 @@ redis.call('ZREM', K.retries, turn_id)
 redis.call('ZREM', K.pending, turn_id)
 redis.call('ZADD', K.running, now + lease_ms, turn_id)
 emit(K.events, K.turn, now, EVENT.TURN_STARTED, {worker = worker})
--- The stored conversation comes back with the claim when the turn starts from it; nobody
--- else writes it while this turn holds the head of the queue and the lease.
-local stored = false
+-- The stored conversation (its envelope and the frames on it, tasks/store/conversations.py)
+-- comes back with the claim when the turn starts from it; nobody else writes it while this
+-- turn holds the head of the queue and the lease.
+local stored, frames = false, {}
 if redis.call('HEXISTS', K.turn, F.checkpoint) == 0 then
   stored = redis.call('GET', K.conversation)
+  if stored then frames = redis.call('LRANGE', K.conversation_frames, 0, -1) end
 end
-return {R.CLAIMED, deliveries, redis.call('HGETALL', K.turn), stored}
+return {R.CLAIMED, deliveries, redis.call('HGETALL', K.turn), stored, frames}

@@ -58,7 +58,7 @@ end
 local function clear_frames(turn_key)
   local n = tonumber(redis.call('HGET', turn_key, F.frames) or '0')
   for i = 1, n do redis.call('HDEL', turn_key, FP.frame .. i) end
-  redis.call('HDEL', turn_key, F.frames, F.base)
+  redis.call('HDEL', turn_key, F.frames, F.base, F.base_frames)
 end
 
 -- Replace a turn's progress with a whole checkpoint (a retry's, a dead letter's).
@@ -68,12 +68,18 @@ local function set_checkpoint(turn_key, checkpoint)
 end
 
 -- Frames that build on the stored conversation keep a copy of it once the turn ends, since
--- the conversation moves on with the next turn.
-local function keep_base(turn_key, conversation_key)
+-- the conversation moves on with the next turn: its envelope, and its conversation frames as
+-- one JSON array (each frame is a JSON object).
+local function keep_base(turn_key, conversation_key, frames_key)
   if redis.call('HEXISTS', turn_key, F.frames) == 0 then return end
   if redis.call('HEXISTS', turn_key, F.checkpoint) == 1 then return end
   local stored = redis.call('GET', conversation_key)
-  if stored then redis.call('HSET', turn_key, F.base, stored) end
+  if not stored then return end
+  redis.call('HSET', turn_key, F.base, stored)
+  local frames = redis.call('LRANGE', frames_key, 0, -1)
+  if #frames > 0 then
+    redis.call('HSET', turn_key, F.base_frames, '[' .. table.concat(frames, ',') .. ']')
+  end
 end
 
 -- The journal of the iteration in flight (tasks/store/journal.py): journal:response and
@@ -120,7 +126,7 @@ local function end_turn(k, turn_prefix, turn_id, state, now, fields, event_type,
     count(k.turn, COUNTER.DEAD_LETTERED .. (redis.call('HGET', k.turn, F.reason) or ''))
   end
   clear_journal(k.turn)
-  keep_base(k.turn, k.conversation)
+  keep_base(k.turn, k.conversation, k.conversation_frames)
   emit(k.events, k.turn, now, event_type, event_data)
   redis.call('HDEL', k.turn, F.token)
   if lease_holder(k.lease) == turn_id then redis.call('DEL', k.lease) end

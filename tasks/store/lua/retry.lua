@@ -7,6 +7,12 @@ local delay_ms = tonumber(A.delay_ms)
 if not holds_lease(K.lease, turn_id, A.token) then return 0 end
 local now = now_ms()
 local due = now + delay_ms
+-- An attempt that streamed (tokens.lua marked it): its deltas of the iteration in flight are
+-- void, since the next attempt asks the model again. Said first, under the failed attempt.
+if redis.call('HDEL', K.turn, F.streamed) == 1 then
+  emit(K.events, K.turn, now, EVENT.ATTEMPT_DISCARDED,
+    {attempt = tonumber(redis.call('HGET', K.turn, F.attempt) or '1')})
+end
 emit(K.events, K.turn, now, EVENT.RETRY_SCHEDULED, {dueAt = due, error = error})
 -- The journal stays: the next attempt continues the iteration in flight from it.
 set_checkpoint(K.turn, A.checkpoint)

@@ -1,5 +1,7 @@
 -- Store the conversation and end the turn as succeeded, atomically, with its Celery result
 -- when given. The record keeps its result, not its checkpoint (the stored conversation holds it).
+-- The conversation is either written whole (A.envelope: a compaction, its frames dropped) or
+-- has the turn's frame appended (A.frame), as the worker chose (tasks/store/conversations.py).
 -- -> {ok, next head or false} or {lost} (the lease is no longer this turn's).
 if not holds_lease(K.lease, A.turn_id, A.token) then return {R.LOST} end
 -- Celery's result, as its Redis backend writes it (SET with the results' expiry, then PUBLISH
@@ -14,7 +16,12 @@ if A.celery_meta ~= '' then
   end
   redis.call('PUBLISH', K.celery_result, A.celery_meta)
 end
-redis.call('SET', K.conversation, A.envelope)
+if A.envelope ~= '' then
+  redis.call('SET', K.conversation, A.envelope)
+  redis.call('DEL', K.conversation_frames)
+else
+  redis.call('RPUSH', K.conversation_frames, A.frame)
+end
 clear_frames(K.turn)
 redis.call('HDEL', K.turn, F.checkpoint)
 local content = cjson.decode(A.result)['content']
