@@ -5,37 +5,45 @@
 local turn_id, token, worker = A.turn_id, A.token, A.worker
 local lease_ms = tonumber(A.lease_ms)
 
-local state = redis.call('HGET', K.turn, F.state)
+-- What the claim decides by, in one read.
+local at = redis.call('HMGET', K.turn, F.state, F.due_at_ms, F.handed_over, F.deliveries,
+  F.redeliveries, F.attempt, F.iteration)
+local state = at[1]
 if not state then return {R.MISSING} end
 if is_terminal(state) then return {R.DONE} end
 -- A paused turn waits for a person: only a decision (decide.lua) makes it runnable.
 if state == STATE.PAUSED then return {R.PAUSED} end
 local now = now_ms()
-if state == STATE.WAITING and tonumber(redis.call('HGET', K.turn, F.due_at_ms)) > now then
-  return {R.NOT_DUE}
-end
+if state == STATE.WAITING and tonumber(at[2]) > now then return {R.NOT_DUE} end
 if redis.call('LINDEX', K.queue, 0) ~= turn_id then return {R.NOT_HEAD} end
-if redis.call('EXISTS', K.lease) == 1 then return {R.BUSY} end
+if not redis.call('SET', K.lease, lease_value(turn_id, token), 'PX', lease_ms, 'NX') then
+  return {R.BUSY}
+end
 
-redis.call('SET', K.lease, lease_value(turn_id, token), 'PX', lease_ms)
 -- Still running with no lease: its worker stopped renewing (died, stalled, lost Redis), and
 -- this claim takes the turn over.
 if state == STATE.RUNNING then count(K.turn, COUNTER.LEASE_TAKEOVERS) end
 -- A start after a handover (handover.lua) goes on with the delivery that handed it over: only
 -- starts after a crash count toward `poison`.
-local deliveries
-if redis.call('HDEL', K.turn, F.handed_over) == 1 then
-  deliveries = tonumber(redis.call('HGET', K.turn, F.deliveries))
+local deliveries = tonumber(at[4] or '0')
+local fields = {F.state, STATE.RUNNING, F.token, token, F.worker, worker, F.started_at_ms, now,
+  F.updated_at_ms, now}
+if at[3] then
+  redis.call('HDEL', K.turn, F.handed_over)
 else
-  deliveries = redis.call('HINCRBY', K.turn, F.deliveries, 1)
-  if deliveries > 1 then redis.call('HINCRBY', K.turn, F.redeliveries, 1) end
+  deliveries = deliveries + 1
+  fields[#fields + 1] = F.deliveries
+  fields[#fields + 1] = deliveries
+  if deliveries > 1 then
+    fields[#fields + 1] = F.redeliveries
+    fields[#fields + 1] = tonumber(at[5] or '0') + 1
+  end
 end
-redis.call('HSET', K.turn, F.state, STATE.RUNNING, F.token, token, F.worker, worker,
-  F.started_at_ms, now, F.updated_at_ms, now)
+redis.call('HSET', K.turn, unpack(fields))
 redis.call('ZREM', K.retries, turn_id)
 redis.call('ZREM', K.pending, turn_id)
 redis.call('ZADD', K.running, now + lease_ms, turn_id)
-emit(K.events, K.turn, now, EVENT.TURN_STARTED, {worker = worker})
+emit_as(K.events, now, at[6] or '1', at[7] or '0', EVENT.TURN_STARTED, {worker = worker})
 -- The stored conversation (its envelope and the frames on it, tasks/store/conversations.py)
 -- comes back with the claim when the turn starts from it; nobody else writes it while this
 -- turn holds the head of the queue and the lease.

@@ -118,7 +118,11 @@ end
 -- the next head as woken now. `k` holds the keys of schema.ENDING_KEYS by name (the script's
 -- K); `turn_prefix` names the next head's record. Returns the next head's turn id and agent,
 -- or false. The one place a turn ends, so the one place endings are counted.
-local function end_turn(k, turn_prefix, turn_id, state, now, fields, event_type, event_data)
+-- `held`: the caller checked that the turn holds its conversation's lease (succeed.lua), so
+-- the lease is dropped without reading it again. Every live index is cleaned whatever the
+-- state implies: an entry left there would wake an ended turn at every sweep.
+local function end_turn(k, turn_prefix, turn_id, state, now, fields, event_type, event_data,
+    held)
   redis.call('HSET', k.turn, F.state, state, F.finished_at_ms, now, F.updated_at_ms, now,
     unpack(fields))
   count(k.turn, COUNTER.FINISHED .. state)
@@ -129,7 +133,7 @@ local function end_turn(k, turn_prefix, turn_id, state, now, fields, event_type,
   keep_base(k.turn, k.conversation, k.conversation_frames)
   emit(k.events, k.turn, now, event_type, event_data)
   redis.call('HDEL', k.turn, F.token)
-  if lease_holder(k.lease) == turn_id then redis.call('DEL', k.lease) end
+  if held or lease_holder(k.lease) == turn_id then redis.call('DEL', k.lease) end
   redis.call('ZREM', k.running, turn_id)
   redis.call('ZREM', k.retries, turn_id)
   redis.call('ZREM', k.pending, turn_id)
