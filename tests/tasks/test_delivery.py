@@ -132,8 +132,14 @@ def test_two_tenants_with_one_conversation_id_never_share_history(
     assert stored_b.identity == {**identity_b, "conversationId": "shared"}
 
 
-def test_a_result_the_worker_could_not_store_is_written_by_the_pump(make_jobs: Any) -> None:
-    jobs = make_jobs(AGENTJOBS_RESULT_GRACE_S="2")
+def test_a_result_the_worker_could_not_store_is_written_by_the_pump(
+    make_jobs: Any, redis_server: Any
+) -> None:
+    # A result backend the processes do not take for the state Redis (the same server under
+    # another name): Celery writes a success's result after the task, and the pump confirms
+    # it (a result written by the script that ends the turn needs no confirming).
+    other_name = redis_server.url.replace("127.0.0.1", "localhost")
+    jobs = make_jobs(AGENTJOBS_RESULT_GRACE_S="2", CELERY_RESULT_BACKEND=other_name)
     jobs.worker()
     jobs.pump()
     done = run_turn.delay(agent="demo", conversation_id="r1", message="fine")

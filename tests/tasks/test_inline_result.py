@@ -17,6 +17,7 @@ from celery.backends.redis import RedisBackend, SentinelBackend
 from celery.result import AsyncResult
 
 from tasks import app, run_turn, turn_status
+from tasks.core.namespaces import namespace_for
 from tasks.queue import results
 from tasks.queue.context import job_context
 
@@ -90,6 +91,9 @@ def test_the_result_is_published_once_in_celerys_format(make_jobs: Any) -> None:
     assert set(meta) == set(celery_meta(turn_id, reply))
     ttl = jobs.redis.ttl(key)
     assert 0 < ttl <= job_context().settings.record_ttl_s
+    # and the pump has nothing to confirm of it
+    shard = job_context().keys.for_namespace(namespace_for("c-inline", None))
+    assert jobs.redis.zscore(shard.finished, turn_id) is None
 
 
 def celery_meta(turn_id: str, reply: Any) -> dict[str, Any]:

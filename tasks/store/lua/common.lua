@@ -120,9 +120,10 @@ end
 -- or false. The one place a turn ends, so the one place endings are counted.
 -- `held`: the caller checked that the turn holds its conversation's lease (succeed.lua), so
 -- the lease is dropped without reading it again. Every live index is cleaned whatever the
--- state implies: an entry left there would wake an ended turn at every sweep.
+-- state implies: an entry left there would wake an ended turn at every sweep. `stored`: the
+-- caller wrote the turn's Celery result in this step, so the pump has nothing to confirm.
 local function end_turn(k, turn_prefix, turn_id, state, now, fields, event_type, event_data,
-    held)
+    held, stored)
   redis.call('HSET', k.turn, F.state, state, F.finished_at_ms, now, F.updated_at_ms, now,
     unpack(fields))
   count(k.turn, COUNTER.FINISHED .. state)
@@ -139,7 +140,7 @@ local function end_turn(k, turn_prefix, turn_id, state, now, fields, event_type,
   redis.call('ZREM', k.pending, turn_id)
   redis.call('ZREM', k.deadlines, turn_id)
   redis.call('ZREM', k.pauses, turn_id)
-  redis.call('ZADD', k.finished, now, turn_id)
+  if not stored then redis.call('ZADD', k.finished, now, turn_id) end
   redis.call('LREM', k.queue, 1, turn_id)
   local head = redis.call('LINDEX', k.queue, 0)
   if not head then return false end
