@@ -277,16 +277,9 @@ class JSONEndpoint:
         the refusal of its type would."""
         if not event.data.strip():
             return {}
-        try:
-            data = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            data = None
-        if not isinstance(data, dict):
-            raise ProviderResponseError(
-                f"{self._provider} provider: a stream event ({event.event}) is not a JSON "
-                f"object: {self._redact.quote(event.data)!r}",
-                status=200,
-            )
+        data = self._json_object(
+            event.data, event.data, what=f"a stream event ({event.event})", status=200
+        )
         error = data.get("error")
         if isinstance(error, dict):
             raise self._stream_error(error)
@@ -320,20 +313,29 @@ class JSONEndpoint:
             f"{self._provider} provider: unreadable answer ({name}: {quoted})"
         )
 
-    def _decode(self, response: httpx.Response) -> dict[str, Any]:
-        status = response.status_code
-        if not 200 <= status < 300:
-            raise self._status_error(response)
+    def _json_object(
+        self, raw: bytes | str, shown: str, *, what: str, status: int
+    ) -> dict[str, Any]:
+        """`raw` as a JSON object, or a ProviderResponseError quoting `shown`, redacted."""
         try:
-            data = orjson.loads(response.content)
+            data = orjson.loads(raw)
         except orjson.JSONDecodeError:
             data = None
         if not isinstance(data, dict):
             raise ProviderResponseError(
-                f"{self._provider} provider: HTTP {status} answer is not a JSON object: "
-                f"{self._redact.quote(response.text)!r}",
+                f"{self._provider} provider: {what} is not a JSON object: "
+                f"{self._redact.quote(shown)!r}",
                 status=status,
             )
+        return data
+
+    def _decode(self, response: httpx.Response) -> dict[str, Any]:
+        status = response.status_code
+        if not 200 <= status < 300:
+            raise self._status_error(response)
+        data = self._json_object(
+            response.content, response.text, what=f"HTTP {status} answer", status=status
+        )
         return data
 
     def _status_error(self, response: httpx.Response) -> ProviderHTTPError:
