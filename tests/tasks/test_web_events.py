@@ -27,7 +27,7 @@ from tasks.core.settings import SettingsError
 from tasks.testing import wait_until
 from tasks.web.app import create_app
 from tasks.web.server import check_bind
-from tests.tasks.test_streaming import ChatServer, chat_server, provider_env, submit
+from tests.tasks.test_streaming import WIRE_FORMATS, ChatServer, chat_server, provider_env, submit
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def serving(token: str = "") -> Iterator[str]:
 
 @pytest.fixture
 def chat() -> Iterator[ChatServer]:
-    with chat_server() as server:
+    with chat_server(WIRE_FORMATS["openai"]) as server:
         yield server
 
 
