@@ -17,6 +17,7 @@ import hmac
 from collections.abc import Iterator
 
 import orjson
+from redis.exceptions import RedisError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -53,6 +54,9 @@ async def turn_events(request: Request) -> Response:
         return JSONResponse({"error": str(exc)}, status_code=404)
     except ValueError as exc:
         return JSONResponse({"error": str(exc)}, status_code=400)
+    except RedisError as exc:  # the server stays up; the client may try again
+        error = f"the state store is unreachable ({type(exc).__name__}); try again"
+        return JSONResponse({"error": error}, status_code=503)
     return EventSourceResponse(_sent(events))
 
 

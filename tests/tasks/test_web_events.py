@@ -24,6 +24,7 @@ from httpx_sse import ServerSentEvent, connect_sse
 from tasks import iter_events
 from tasks.cli import main
 from tasks.core.settings import SettingsError
+from tasks.queue.context import reset
 from tasks.testing import wait_until
 from tasks.web.app import create_app
 from tasks.web.server import check_bind
@@ -126,6 +127,24 @@ def test_an_unknown_turn_is_404_and_a_bad_event_id_400(make_jobs: Any) -> None:
         result = submit("never run", "c-web-bad")  # no worker: it stays queued
         bad = httpx.get(f"{origin}/turns/{result.id}/events", headers={"Last-Event-ID": "x"})
         assert bad.status_code == 400 and "event id" in bad.json()["error"]
+
+
+def test_a_store_that_cannot_be_reached_is_503_and_the_server_stays_up(
+    make_jobs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_jobs()
+    # Given a server whose state store is a port nobody listens on
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    monkeypatch.setenv("AGENTJOBS_STATE_URL", f"redis://127.0.0.1:{dead}/0")
+    reset()
+    with serving() as origin:
+        # When a reader asks for a turn's events, twice
+        answers = [httpx.get(f"{origin}/turns/t-1/events") for _ in range(2)]
+    # Then each gets a 503 that says why, and the server answered both
+    assert [a.status_code for a in answers] == [503, 503]
+    assert "state store is unreachable" in answers[1].json()["error"]
 
 
 def test_with_a_token_every_request_needs_it_as_a_bearer(make_jobs: Any) -> None:
