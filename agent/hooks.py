@@ -62,13 +62,14 @@ the host the way it wants.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from agent.checkpoint import AgentRunCheckpoint
 from agent.errors import AgentError
 from agent.journal import ResponseReport, ToolEffect
+from agent.messages import LLMRequest
 
 
 class ProgressKind(StrEnum):
@@ -128,6 +129,13 @@ class ModelCallReport:
     # call carry the same number. It differs from `iteration` when an iteration needed no model
     # call (one continued from a journal).
     call_number: int = 1
+    # For `started`: the request about to be sent, and the provider's output cap (its integer
+    # `max_tokens` attribute, None without one): what a host meters the call by.
+    request: LLMRequest | None = field(default=None, compare=False, repr=False)
+    output_cap: int | None = None
+    # For `finished` with ok False: the provider's HTTP status and retry-after (ProviderError).
+    error_status: int | None = None
+    retry_after_s: float | None = None
 
     @property
     def first_call(self) -> bool:

@@ -342,7 +342,7 @@ class Loop:
         request = self._request(state, offer_tools=offer_tools)
         state.model_calls += 1
         hooks = state.hooks
-        started = self._model_report(state, ModelCallPhase.STARTED)
+        started = self._model_report(state, ModelCallPhase.STARTED, request=request)
         _go_on(HookPoint.BEFORE_MODEL_CALL, hooks.before_model_call(started))
         try:
             response = self._answer(state, request)
@@ -408,8 +408,12 @@ class Loop:
         *,
         usage: Mapping[str, int] | None = None,
         error: Exception | None = None,
+        request: LLMRequest | None = None,
     ) -> ModelCallReport:
         ok = None if phase is ModelCallPhase.STARTED else error is None
+        cap = getattr(self.provider, "max_tokens", None) if request is not None else None
+        status = getattr(error, "status", None)
+        retry_after = getattr(error, "retry_after_s", None)
         return ModelCallReport(
             phase=phase,
             model=self.model,
@@ -419,6 +423,10 @@ class Loop:
             error_type=None if error is None else type(error).__name__,
             provider=self._provider_name(),
             call_number=state.model_calls,
+            request=request,
+            output_cap=cap if isinstance(cap, int) and not isinstance(cap, bool) else None,
+            error_status=status if isinstance(status, int) else None,
+            retry_after_s=retry_after if isinstance(retry_after, int | float) else None,
         )
 
     def _request(self, state: RunState, *, offer_tools: bool) -> LLMRequest:

@@ -5,6 +5,7 @@
                      [--wait [--timeout S]] [--json]
     agentjobs agents [--json]
     agentjobs stats [--json]
+    agentjobs usage [--tenant T] [--since DURATION] [--json]
     agentjobs turn list [--state S] [--conversation C] [--agent A] [--limit N] [--json]
     agentjobs turn show TURN_ID [--json]
     agentjobs turn watch|cancel TURN_ID, turn pending, turn approve|reject|answer ...
@@ -21,14 +22,14 @@
 This package owns the command line only: parsing arguments, wording what is printed, and
 exit statuses. What the commands read or change is done by the packages below it. This module
 holds the root group (`main`, the console script's entry) and adds the commands of the other
-modules to it: submit.py, agents.py, stats.py, turns.py with decisions.py (`turn ...`),
+modules to it: submit.py, agents.py, stats.py, usage.py, turns.py with decisions.py (`turn ...`),
 conversations.py, dlq.py, processes.py (pump, metrics, demo), web.py (web); options.py holds
 the shared argument types, output.py the printing helpers. An expected failure (Redis
 unreachable, a bad setting, an unknown id, a bad argument) is one line on stderr and a non-zero
 exit status, for every command at once (errors.py). Nothing outside this package imports it.
 
-May import: tasks.operate, tasks.turn, tasks.queue, tasks.store, tasks.core, tasks.telemetry,
-tasks.demo, tasks.web, agent.
+May import: tasks.operate, tasks.turn, tasks.queue, tasks.budgets, tasks.store, tasks.core,
+tasks.telemetry, tasks.demo, tasks.web, agent.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from importlib.metadata import version as installed_version
 
 import click
 
-from tasks.cli import agents, conversations, dlq, processes, stats, submit, turns, web
+from tasks.cli import agents, conversations, dlq, processes, stats, submit, turns, usage, web
 from tasks.cli.errors import AgentjobsGroup
 from tasks.cli.options import parse_duration_s
 
@@ -68,6 +69,7 @@ for _command in (
     submit.submit,
     agents.agents,
     stats.stats,
+    usage.usage,
     turns.turn,
     conversations.conversation,
     dlq.dlq,

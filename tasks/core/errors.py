@@ -43,6 +43,8 @@ class Reason(StrEnum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     PAUSE_EXPIRED = "pause_expired"
     STATE_LOST = "state_lost"
+    BUDGET_TOO_SMALL = "budget_too_small"
+    TENANT_OVER_LIMIT = "tenant_over_limit"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -185,6 +187,53 @@ class HandedOver(LeaseLost):
         JobError.__init__(
             self, f"turn {turn_id} was handed over to another worker: this one is shutting down"
         )
+
+
+class BudgetTooSmall(JobError):
+    """A model call needs more than a whole limit of its budget admits: it could never run."""
+
+    code = "ERR_BUDGET_TOO_SMALL"
+    reason = Reason.BUDGET_TOO_SMALL
+
+    def __init__(self, budget: str, limit: str, need: int) -> None:
+        self.budget = budget
+        self.limit = limit
+        self.need = need
+        super().__init__(
+            f"a model call of budget {budget} needs {need}, more than its whole limit {limit}; "
+            "raise the limit in AGENTJOBS_BUDGETS (or lower the output cap), then replay"
+        )
+
+
+class TenantOverLimit(JobError):
+    """The tenant's reported token usage reached its cap, and AGENTJOBS_TENANT_OVER_LIMIT says
+    such turns are dead-lettered rather than left waiting."""
+
+    code = "ERR_TENANT_OVER_LIMIT"
+    reason = Reason.TENANT_OVER_LIMIT
+
+    def __init__(self, tenant: str, cap: str, used: int) -> None:
+        self.tenant = tenant
+        super().__init__(
+            f"tenant {tenant!r} used {used} tokens, its cap is {cap} (AGENTJOBS_TENANT_TOKEN_LIMIT)"
+        )
+
+
+class BudgetWait(JobError):
+    """A check point's stop: the model call cannot start yet. `waiting_for` is "budget" (a
+    provider budget is spent, or closed by a 429) or "tenant_tokens" (the tenant's cap);
+    `limit` names the limit ("retry-after" for a closed budget), `due_at_ms` (server epoch ms)
+    when it frees. The turn waits
+    holding no worker and starts again then."""
+
+    code = "ERR_BUDGET_WAIT"
+
+    def __init__(self, waiting_for: str, limit: str, due_at_ms: int, *, budget: str) -> None:
+        self.waiting_for = waiting_for
+        self.limit = limit
+        self.due_at_ms = due_at_ms
+        self.budget = budget  # "provider:model", or "tenant_tokens"
+        super().__init__(f"waiting for {waiting_for} {budget} {limit} until {due_at_ms}")
 
 
 class TurnDeadLettered(Exception):

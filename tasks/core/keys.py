@@ -123,10 +123,56 @@ class ShardKeys:
         name it from the shard's turn key, as `{tag}:counters`."""
         return f"{self.tag}:counters"
 
+    def usage(self, bucket: int) -> str:
+        """Hash "tenant US agent US model US in|out" -> tokens the providers reported in one
+        span of the shard's turns (tasks/budgets/usage.py: `bucket` is epoch ms // its span),
+        for `agentjobs usage`. Kept eight days. The scripts name it from the shard's turn key,
+        as `{tag}:usage:<bucket>` (common.lua, add_usage)."""
+        return f"{self.tag}:usage:{bucket}"
+
     @property
     def dead_letter_index(self) -> str:
         """Sorted set entry_id -> last failure time (server epoch ms), for listing in order."""
         return f"{self.tag}:dlq:index"
+
+
+@dataclass(frozen=True)
+class LedgerKeys:
+    """The keys of one shared ledger (tasks/budgets/ledger.py): a provider model's budget or a
+    tenant's token cap. The hash tag holds the whole ledger in one slot, so each of its steps is
+    one script in a Redis Cluster too. Each key expires a while after its last write (the
+    longest window and then some), so a budget taken out of the settings leaves nothing."""
+
+    tag: str
+
+    @property
+    def holds(self) -> str:
+        """Sorted set call id -> hold expiry (server epoch ms): reservations not settled yet."""
+        return f"{self.tag}:holds"
+
+    @property
+    def closed(self) -> str:
+        """String: until when (server epoch ms) a provider's 429 closed the budget; expires then."""
+        return f"{self.tag}:closed"
+
+    @property
+    def waiters(self) -> str:
+        """Sorted set turn id -> when it is woken to try again: turns waiting for this budget,
+        so that each is given its own turn as the window frees rather than all the same."""
+        return f"{self.tag}:waiters"
+
+    def log(self, limit: str) -> str:
+        """Sorted set call id -> when it was settled (server epoch ms), for one limit
+        (`kind/window`); an entry leaves once it is a window old."""
+        return f"{self.tag}:{limit}:log"
+
+    def amounts(self, limit: str) -> str:
+        """Hash call id -> what the call counts against one limit (held or settled)."""
+        return f"{self.tag}:{limit}:amounts"
+
+    def total(self, limit: str) -> str:
+        """String: the sum of `amounts`, kept by the scripts that change them."""
+        return f"{self.tag}:{limit}:total"
 
 
 @dataclass(frozen=True)
@@ -168,6 +214,22 @@ class Keys:
         """String: the turn id a dead-letter entry was replayed as. Kept for record_ttl_s, so
         a second replay finds the first one's turn instead of starting another."""
         return f"{self.prefix}:dlq:replayed:{entry_id}"
+
+    def budget(self, name: str) -> LedgerKeys:
+        """A provider model's shared budget, `name` as "provider:model" (AGENTJOBS_BUDGETS)."""
+        return LedgerKeys(f"{{{self.prefix}:budget:{name}}}")
+
+    @property
+    def fair(self) -> str:
+        """The tenant fairness gate's key tag (tasks/turn/fairness.py): its keys are
+        `{tag}:unclaimed`, `:owners`, `:keys`, `:inflight`, `:active`, `:held:<tenant>` and
+        `:window`, named by the scripts (tasks/store/lua/common.lua, the gate functions). The
+        held lists are kept until their turns are released; the rest while turns run."""
+        return f"{{{self.prefix}:fair}}"
+
+    def tenant_tokens(self, tenant: str) -> LedgerKeys:
+        """A tenant's reported token usage for its cap (AGENTJOBS_TENANT_TOKEN_LIMIT)."""
+        return LedgerKeys(f"{{{self.prefix}:tenant-tokens:{tenant}}}")
 
     @property
     def workers(self) -> str:

@@ -87,6 +87,8 @@ class Event(StrEnum):
     TURN_SUCCEEDED = "turn.succeeded"  # succeed
     TURN_DEAD_LETTERED = "turn.dead_lettered"  # dead_letter
     TURN_CANCELLED = "turn.cancelled"  # cancel
+    # {waitingFor, budget, limit, dueAt}: a model call waits for a budget or a tenant cap: wait
+    BUDGET_WAITING = "budget.waiting"
 
 
 # The events that end a turn's stream: one per terminal state.
@@ -145,6 +147,13 @@ class Field:
     PAUSE_EXPIRES_AT_MS: Final = "pause_expires_at_ms"
     TRACE: Final = "trace"  # W3C trace context (JSON carrier)
     RUNNABLE_AT_MS: Final = "runnable_at_ms"
+    # What a waiting turn waits for when it is not a retry: "budget" or "tenant_tokens" (wait);
+    # the next claim removes it.
+    WAITING_FOR: Final = "waiting_for"
+    # Tenant fairness (tasks/turn/fairness.py): the turn's tenant ('' for none), and, while the
+    # fairness gate counts it in flight, the gate's key tag (removed when it stops running).
+    TENANT: Final = "tenant"
+    GATE: Final = "gate"
     # '<iteration>|<lease token>' of the attempt's last token.delta (tokens.lua); the retry
     # that ends the attempt removes it.
     STREAMED: Final = "streamed"
@@ -175,6 +184,10 @@ class CounterName:
     PAUSES: Final = "pauses"
     FINISHED: Final = "finished:"  # followed by the terminal state
     DEAD_LETTERED: Final = "dead_lettered:"  # followed by the reason
+    BUDGET_WAITS: Final = "budget_waits:"  # followed by the budget ("provider:model")
+    # Reported tokens: "tokens" US direction US model [US tenant], US the unit separator \x1f
+    # (tasks/budgets/usage.py writes them, through common.lua's add_usage).
+    TOKENS: Final = "tokens\x1f"
 
 
 # -- replies ------------------------------------------------------------------------------------
@@ -219,6 +232,7 @@ class RegisterReply(IntEnum):
     CREATED = 1
     EXISTS = 0  # the same turn id with the same payload
     CONFLICT = -1  # the same turn id with another payload
+    HELD = 2  # recorded, and held by the fairness gate: no message until it is released
 
 
 class Registered(StrEnum):
@@ -228,6 +242,7 @@ class Registered(StrEnum):
     EXISTS = "exists"  # the same turn id with the same request: an idempotent resubmission
     CONFLICT = "conflict"  # the same turn id with another request: refused
     FOREIGN = "foreign"  # the turn id names a turn of another conversation: refused
+    HELD = "held"  # created, and held by the fairness gate: publish nothing (it releases it)
 
 
 # register.lua's reply as a Registered (FOREIGN is found before the script runs).
@@ -235,6 +250,7 @@ REGISTERED: Final[Mapping[int, Registered]] = {
     RegisterReply.CREATED: Registered.CREATED,
     RegisterReply.EXISTS: Registered.EXISTS,
     RegisterReply.CONFLICT: Registered.CONFLICT,
+    RegisterReply.HELD: Registered.HELD,
 }
 
 
@@ -328,6 +344,11 @@ REGISTER: Final = ScriptSchema(
         "replay_of",
         "deadline_ms",
         "trace",
+        # Tenant fairness (tasks/turn/fairness.py): the gate's key tag ('' when off or not
+        # gated), its settings (JSON), the turn's tenant.
+        "gate",
+        "gate_cfg",
+        "tenant",
     ),
     replies=RegisterReply,
 )
@@ -347,7 +368,7 @@ CLAIM: Final = ScriptSchema(
         "conversation_frames",
         "events",
     ),
-    args=("turn_id", "token", "lease_ms", "worker"),
+    args=("turn_id", "token", "lease_ms", "worker", "gate", "gate_cfg"),
     replies=ClaimStatus,
 )
 PROGRESS: Final = ScriptSchema(
@@ -400,6 +421,8 @@ SUCCEED: Final = ScriptSchema(
         "celery_meta",
         "celery_ttl_s",
     ),
+    # The tokens the turn's last attempt reported (tasks/budgets/usage.py, usage_json).
+    optional=("usage",),
     replies=Outcome,
 )
 TOKENS: Final = ScriptSchema(
@@ -415,6 +438,14 @@ RETRY: Final = ScriptSchema(
     keys=("turn", "lease", "running", "retries", "events"),
     args=("turn_id", "token", "delay_ms", "next_attempt", "checkpoint", "error"),
 )
+WAIT: Final = ScriptSchema(
+    "wait",
+    keys=("turn", "lease", "running", "retries", "events"),
+    args=("turn_id", "token", "due_at_ms", "waiting_for", "budget", "limit"),
+)
+GATE_FILL: Final = ScriptSchema("gate_fill", keys=(), args=("gate", "gate_cfg", "limit"))
+GATE_SWEEP: Final = ScriptSchema("gate_sweep", keys=(), args=("gate", "stale_ms", "limit"))
+USAGE: Final = ScriptSchema("usage", keys=("turn",), args=("turn_id", "usage"))
 DEAD_LETTER: Final = ScriptSchema(
     "dead_letter",
     keys=(*ENDING_KEYS, "dead_letters", "dead_letter_index"),
@@ -434,7 +465,9 @@ TAKE_DUE: Final = ScriptSchema(
 # `indices` packs them in one argument, "key lag_ms key lag_ms ...".
 DUE_PROBE: Final = ScriptSchema("due_probe", keys=(), args=("indices",))
 LEASE_HOLDER: Final = ScriptSchema("lease_holder", keys=("lease",))
-WORKER_BEAT: Final = ScriptSchema("worker_beat", keys=("workers",), args=("name", "received"))
+WORKER_BEAT: Final = ScriptSchema(
+    "worker_beat", keys=("workers",), args=("name", "received", "slots")
+)
 
 # Every script, by name: one for each tasks/store/lua/<name>.lua but common.lua.
 SCRIPTS: Final[Mapping[str, ScriptSchema]] = {
@@ -453,6 +486,10 @@ SCRIPTS: Final[Mapping[str, ScriptSchema]] = {
         DROP_TOKENS,
         SUCCEED,
         RETRY,
+        WAIT,
+        GATE_FILL,
+        GATE_SWEEP,
+        USAGE,
         DEAD_LETTER,
         CANCEL,
         TAKE_DUE,

@@ -16,15 +16,30 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+from tasks.core.limits import (
+    Budgets,
+    LimitError,
+    PerTenant,
+    TokenCap,
+    parse_budgets,
+    parse_max_running,
+    parse_token_caps,
+    parse_weights,
+)
 from tasks.core.state_url import CLUSTER_SCHEME, SENTINEL_SCHEME, StateURLError, parse_state_url
+
+_T = TypeVar("_T")
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 PROVIDERS = ("scripted", "openai", "anthropic", "echo")
+# What a turn does once its tenant's token cap is reached (AGENTJOBS_TENANT_OVER_LIMIT).
+OVER_LIMIT = ("wait", "dead_letter")
 # The providers that call a model by name (AGENTJOBS_MODEL): echo and scripted need none.
 NAMED_MODEL_PROVIDERS = ("openai", "anthropic")
 # Redis Cluster has 16384 hash slots: more index shards than that cannot spread further.
@@ -121,6 +136,20 @@ class Settings:
     # `agentjobs web`: when set, every request needs it (Authorization: Bearer); without it
     # the server binds to loopback only.
     web_token: str = field(default="", repr=False)
+    # Budgets and fairness (docs/platform.md, "Budgets and fairness"; tasks/core/limits.py).
+    budgets: Budgets = field(default_factory=Budgets)
+    # The output cap a budget reserves for a provider without a `max_tokens` attribute.
+    budget_output_tokens: int = 1024
+    tenant_weights: PerTenant[int] = field(default_factory=PerTenant)
+    tenant_max_running: PerTenant[int] = field(default_factory=PerTenant)
+    tenant_token_limit: PerTenant[TokenCap] = field(default_factory=PerTenant)
+    tenant_over_limit: str = "wait"
+    # A tenant label on agentjobs_tokens_total: one series per tenant, so off by default.
+    metrics_tenant_labels: bool = False
+
+    # Submitted turns start in weighted round-robin across tenants (tasks/turn/fairness.py).
+    # Off: in submission order, as the broker delivers them. A Redis Cluster runs without it.
+    tenant_fairness: bool = True
 
 
 def load_settings(
@@ -182,6 +211,22 @@ def load_settings(
         ),
         token_ttl_s=env.whole_seconds("AGENTJOBS_TOKEN_TTL_S", Settings.token_ttl_s),
         web_token=env.api_key("AGENTJOBS_WEB_TOKEN"),
+        budgets=env.parsed("AGENTJOBS_BUDGETS", parse_budgets, Budgets()),
+        budget_output_tokens=env.count(
+            "AGENTJOBS_BUDGET_OUTPUT_TOKENS", Settings.budget_output_tokens
+        ),
+        tenant_weights=env.parsed("AGENTJOBS_TENANT_WEIGHTS", parse_weights, PerTenant()),
+        tenant_max_running=env.parsed(
+            "AGENTJOBS_TENANT_MAX_RUNNING", parse_max_running, PerTenant()
+        ),
+        tenant_token_limit=env.parsed(
+            "AGENTJOBS_TENANT_TOKEN_LIMIT", parse_token_caps, PerTenant()
+        ),
+        tenant_over_limit=env.choice(
+            "AGENTJOBS_TENANT_OVER_LIMIT", Settings.tenant_over_limit, OVER_LIMIT
+        ),
+        metrics_tenant_labels=env.flag("AGENTJOBS_METRICS_TENANT_LABELS", False),
+        tenant_fairness=env.flag("AGENTJOBS_TENANT_FAIRNESS", True),
     )
     if settings.backoff_max_s < settings.backoff_base_s:
         raise SettingsError(
@@ -310,6 +355,16 @@ class _Environment:
         if int(value) > MAX_SECONDS:
             raise SettingsError(f"{variable} must be at most {MAX_SECONDS} s, got {value!r}")
         return int(value)
+
+    def parsed(self, variable: str, parse: Callable[[str], _T], default: _T) -> _T:
+        """A structured value (tasks/core/limits.py), its parse error named by the variable."""
+        value = self.raw(variable)
+        if value is None:
+            return default
+        try:
+            return parse(value)
+        except LimitError as exc:
+            raise SettingsError(f"{variable}: {exc}") from None
 
     def count(self, variable: str, default: int, *, maximum: int | None = None) -> int:
         value = self.raw(variable)

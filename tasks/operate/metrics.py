@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -33,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from tasks.core.errors import Reason
+from tasks.core.schema import CounterName
 from tasks.operate.inspect import live_stats
 from tasks.queue.context import JobContext
 
@@ -63,8 +65,31 @@ def _labelled(
     return family
 
 
-def families(figures: dict[str, Any]) -> Iterator[Metric]:
-    """The metric families of one reading of live_stats."""
+def tokens_family(counters: dict[str, int], tenant_labels: bool) -> CounterMetricFamily:
+    """agentjobs_tokens_total from the counters "tokens US direction US model US tenant"
+    (schema.CounterName.TOKENS): summed over tenants unless `tenant_labels`."""
+    labels = ["direction", "model", "tenant"] if tenant_labels else ["direction", "model"]
+    family = CounterMetricFamily(
+        "agentjobs_tokens_total",
+        "Tokens the providers reported, by direction (input, output) and model.",
+        labels=labels,
+    )
+    sums: Counter[tuple[str, ...]] = Counter()
+    for name, n in counters.items():
+        if not name.startswith(CounterName.TOKENS):
+            continue
+        parts = name.removeprefix(CounterName.TOKENS).split("\x1f")
+        if len(parts) != 3:
+            continue
+        sums[tuple(parts) if tenant_labels else tuple(parts[:2])] += n
+    for key, n in sorted(sums.items()):
+        family.add_metric(list(key), n)
+    return family
+
+
+def families(figures: dict[str, Any], tenant_labels: bool = False) -> Iterator[Metric]:
+    """The metric families of one reading of live_stats; `tenant_labels`
+    (AGENTJOBS_METRICS_TENANT_LABELS) adds a tenant label to agentjobs_tokens_total."""
     counters: dict[str, int] = figures["counters"]
 
     def counted(name: str) -> int:
@@ -134,6 +159,20 @@ def families(figures: dict[str, Any]) -> Iterator[Metric]:
         ),
         dead_lettered,
     )
+    yield tokens_family(counters, tenant_labels)
+    yield _labelled(
+        CounterMetricFamily(
+            "agentjobs_budget_waits_total",
+            "Model calls that waited for a budget (provider:model) or a tenant's token cap "
+            "(tenant_tokens) instead of starting.",
+            labels=["budget"],
+        ),
+        {
+            name.removeprefix(CounterName.BUDGET_WAITS): n
+            for name, n in counters.items()
+            if name.startswith(CounterName.BUDGET_WAITS)
+        },
+    )
     yield _counter(
         "agentjobs_retries_scheduled_total",
         "Failed attempts given a retry (a resumable failure with attempts left).",
@@ -179,7 +218,7 @@ class StoreCollector(Collector):
         started = time.monotonic()
         try:
             figures = {**live_stats(self._ctx), "badMessages": bad_messages(self._ctx)}
-            found = list(families(figures))
+            found = list(families(figures, self._ctx.settings.metrics_tenant_labels))
         except redis.RedisError as exc:
             if not self._down:  # one line per outage
                 logger.warning("metrics: cannot read Redis (%s); serving agentjobs_up 0", exc)

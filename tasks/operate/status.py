@@ -39,6 +39,9 @@ class TurnStatus:
     replayed_as: str | None
     created_at: datetime
     updated_at: datetime
+    # While waiting: "retry" (a backoff after a failed attempt), "budget" (a provider budget is
+    # spent or closed by a 429) or "tenant_tokens" (the tenant reached its token cap); else None.
+    waiting_for: str | None = None
 
     @classmethod
     def of(cls, record: TurnRecord, queued_behind: str | None) -> TurnStatus:
@@ -61,7 +64,14 @@ class TurnStatus:
             replayed_as=record.replayed_as or None,
             created_at=_when(record.created_at_ms) or datetime.fromtimestamp(0, UTC),
             updated_at=_when(record.updated_at_ms) or datetime.fromtimestamp(0, UTC),
+            waiting_for=_waiting_for(record),
         )
+
+
+def _waiting_for(record: TurnRecord) -> str | None:
+    if record.state is not TurnState.WAITING:
+        return None
+    return record.waiting_for or "retry"
 
 
 def turn_status(turn_id: str, identity: Mapping[str, Any] | None = None) -> TurnStatus | None:

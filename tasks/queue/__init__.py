@@ -3,5 +3,5 @@ fixes to kombu's Redis transport (broker, workarounds), the mirror of a turn's s
 Celery's result backend (results), and `job_context()`, the settings and stores one process
 uses (context).
 
-May import: tasks.core, tasks.store, agent.
+May import: tasks.core, tasks.store, tasks.budgets, agent.
 """

@@ -9,6 +9,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import orjson
+from redis.cluster import RedisCluster
+
+from tasks.budgets.ledger import Ledger
 from tasks.core.keys import Keys
 from tasks.core.settings import Settings, load_settings
 from tasks.core.state_url import parse_state_url
@@ -31,12 +35,32 @@ class JobContext:
     dead_letters: DeadLetterStore
     leases: LeaseKeeper
     epoch: StateEpoch
+    # Provider budgets and tenant token caps (tasks/budgets/ledger.py), on the state store.
+    ledger: Ledger
+
+
+def fairness_gate(settings: Settings, client: StateClient, keys: Keys) -> tuple[str, bytes]:
+    """The tenant fairness gate's key tag and settings as the scripts take them
+    (tasks/turn/fairness.py), or ('', b'') when it is off: by AGENTJOBS_TENANT_FAIRNESS=0, or
+    on a Redis Cluster, where its keys would be in another slot than each script's."""
+    if not settings.tenant_fairness or isinstance(client, RedisCluster):
+        return "", b""
+    weights, caps = settings.tenant_weights, settings.tenant_max_running
+    default_cap = -1 if caps.default is None else caps.default
+    config = {
+        # cjson decodes an empty JSON object as an array: each map holds a key for that.
+        "weights": {"": weights.default or 1, **weights.values},
+        "dw": weights.default or 1,
+        "caps": {"": default_cap, **caps.values},
+        "dc": default_cap,
+    }
+    return keys.fair, orjson.dumps(config)
 
 
 def build_context(settings: Settings) -> JobContext:
     client = connect(parse_state_url(settings.state_url))
     keys = Keys(settings.key_prefix, settings.index_shards)
-    records = TurnRecords(client, keys)
+    records = TurnRecords(client, keys, gate=fairness_gate(settings, client, keys))
     store = ConversationStore(client, keys)
     return JobContext(
         settings=settings,
@@ -47,6 +71,7 @@ def build_context(settings: Settings) -> JobContext:
         dead_letters=DeadLetterStore(client, records, settings.record_ttl_s),
         leases=LeaseKeeper(records, settings.lease_ttl_s),
         epoch=StateEpoch(client, keys.epoch, keys.epochs_lost),
+        ledger=Ledger(client, keys),
     )
 
 

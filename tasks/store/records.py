@@ -156,6 +156,8 @@ class TurnRecord:
     trace: str = ""
     # When a queued turn became the head of its conversation (runnable); 0 while behind one.
     runnable_at_ms: int = 0
+    # While waiting for a budget or a tenant cap (not a retry): "budget" or "tenant_tokens".
+    waiting_for: str = ""
 
     @classmethod
     def from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
@@ -190,6 +192,7 @@ class TurnRecord:
             started_at_ms=_int(fields, Field.STARTED_AT_MS),
             finished_at_ms=_int(fields, Field.FINISHED_AT_MS),
             due_at_ms=_int(fields, Field.DUE_AT_MS),
+            waiting_for=fields.get(Field.WAITING_FOR, ""),
             first_failed_at_ms=_int(fields, Field.FIRST_FAILED_AT_MS),
             worker=fields.get(Field.WORKER, ""),
             token=fields.get(Field.TOKEN, ""),
@@ -287,6 +290,9 @@ class Claim:
     # and the conversation frames on it (tasks/store/conversations.py).
     stored: bytes | None = None
     stored_frames: tuple[bytes, ...] = ()
+    # Held turns the fairness gate admitted with this claim, for the worker to publish
+    # (tasks/turn/fairness.py).
+    released: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -331,9 +337,14 @@ def _source(name: str) -> str:
 class TurnRecords:
     """The turn records and the conversation queues and leases that go with them."""
 
-    def __init__(self, client: StateClient, keys: Keys) -> None:
+    def __init__(
+        self, client: StateClient, keys: Keys, *, gate: tuple[str, bytes] = ("", b"")
+    ) -> None:
         self._redis = client
         self._keys = keys
+        # The tenant fairness gate's key tag and settings, ('', b'') when off
+        # (tasks/queue/context.py, fairness_gate; tasks/turn/fairness.py).
+        self.gate = gate
         self._scripts: dict[str, Script] = {}
         self.unreadable_seen: set[str] = set()  # logged once per process
         self._probe_failures: set[str] = set()  # due_indices: each logged once
@@ -472,6 +483,8 @@ class TurnRecords:
         replay_of: str = "",
         deadline_s: float = 0,
         trace: str = "",
+        tenant: str = "",
+        gated: bool = False,
     ) -> Registered:
         """Record a submitted turn and queue it behind its conversation's earlier turns, with
         the trace context its attempts join (`trace`, tasks/telemetry/tracing.py). A turn id already
@@ -487,6 +500,9 @@ class TurnRecords:
             "replay_of": replay_of,
             "deadline_ms": deadline_ms(deadline_s) if deadline_s else 0,
             "trace": trace,
+            "gate": self.gate[0] if gated else "",
+            "gate_cfg": self.gate[1] if gated else b"",
+            "tenant": tenant,
         }
         created = int(self._run(schema.REGISTER, self._queue_keys(k, turn_id, namespace), args))
         return REGISTERED.get(created, Registered.CONFLICT)
@@ -530,6 +546,8 @@ class TurnRecords:
             "token": token,
             "lease_ms": int(lease_ttl_s * 1000),
             "worker": worker,
+            "gate": self.gate[0],
+            "gate_cfg": self.gate[1],
         }
         reply = self._run(schema.CLAIM, keys, args)
         status = ClaimStatus(_text(reply[0]))
@@ -539,7 +557,8 @@ class TurnRecords:
         raw = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
         stored = reply[3] if isinstance(reply[3], bytes) else None
         frames = tuple(reply[4]) if stored is not None and len(reply) > 4 else ()
-        return Claim(status, TurnRecord.from_redis(turn_id, raw), stored, frames)
+        released = tuple(reply[5]) if len(reply) > 5 else ()
+        return Claim(status, TurnRecord.from_redis(turn_id, raw), stored, frames, released)
 
     def renew(
         self,
@@ -768,6 +787,7 @@ class TurnRecords:
         result: bytes,
         ttl_s: int,
         celery_result: CeleryResult | None = None,
+        usage: bytes = b"",
     ) -> Ended:
         """Store the conversation and end the turn, atomically: a whole `envelope` (dropping
         the conversation frames) or one conversation `frame` appended, exactly one of them
@@ -789,6 +809,8 @@ class TurnRecords:
             "celery_meta": celery_result.meta if celery_result else b"",
             "celery_ttl_s": celery_result.ttl_s if celery_result else 0,
         }
+        if usage:
+            args["usage"] = usage
         return _ended(self._run(schema.SUCCEED, keys, args))
 
     def schedule_retry(
@@ -821,6 +843,43 @@ class TurnRecords:
             "error": error,
         }
         return int(self._run(schema.RETRY, keys, args))
+
+    def wait(
+        self,
+        turn_id: str,
+        namespace: str,
+        token: str,
+        *,
+        due_at_ms: int,
+        waiting_for: str,
+        budget: str,
+        limit: str,
+    ) -> int:
+        """Park the turn until `due_at_ms` (server epoch ms) for a budget or a tenant cap
+        (tasks/store/lua/wait.lua); returns the due time, or 0 when the lease was no longer
+        this turn's."""
+        k = self._keys.for_namespace(namespace)
+        keys = {
+            "turn": k.turn(turn_id),
+            "lease": k.lease(namespace),
+            "running": k.running,
+            "retries": k.retries,
+            "events": k.events(turn_id),
+        }
+        args = {
+            "turn_id": turn_id,
+            "token": token,
+            "due_at_ms": due_at_ms,
+            "waiting_for": waiting_for,
+            "budget": budget,
+            "limit": limit,
+        }
+        return int(self._run(schema.WAIT, keys, args))
+
+    def add_usage(self, turn_id: str, namespace: str, usage: bytes) -> None:
+        """Count reported tokens (tasks/budgets/usage.py, usage_json) in the turn's shard."""
+        k = self._keys.for_namespace(namespace)
+        self._run(schema.USAGE, {"turn": k.turn(turn_id)}, {"turn_id": turn_id, "usage": usage})
 
     def dead_letter(
         self,

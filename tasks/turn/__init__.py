@@ -6,5 +6,6 @@ the worker's steps for presence, hand-over and unreadable messages (worker), a t
 streamed text coalesced into its events (tokens), and the pump that turns time into messages
 (pump).
 
-May import: tasks.core, tasks.store, tasks.queue, tasks.telemetry, agent.
+May import: tasks.core, tasks.store, tasks.budgets, tasks.queue, tasks.telemetry,
+agent.
 """

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis
 from celery.exceptions import Ignore
 
 from agent import (
@@ -27,7 +28,8 @@ from agent import (
     AgentRunCheckpoint,
     RunPause,
 )
-from tasks.core.errors import PoisonTurn, Reason
+from tasks.core.errors import BudgetWait, PoisonTurn, Reason
+from tasks.core.namespaces import owner_of_namespace
 from tasks.core.payload import TurnRequest, parse_payload
 from tasks.queue.context import JobContext
 from tasks.queue.results import writes_inline
@@ -138,6 +140,7 @@ class Attempt:
         if outcome is Outcome.SUCCEED:
             assert self.result is not None
             return self._succeed(self.result)
+        self._write_usage()
         if outcome is Outcome.RETRY:
             assert decision.error is not None and decision.checkpoint is not None
             ending.schedule_retry(
@@ -162,6 +165,15 @@ class Attempt:
             )
             if ended is not None:
                 raise ended.error() from None
+        elif outcome is Outcome.WAIT:
+            assert isinstance(decision.error, BudgetWait)
+            ending.wait(
+                self.ctx,
+                self.record,
+                self.token,
+                held=decision.error,
+                iteration=self.points.iteration,
+            )
         elif outcome is Outcome.PAUSE:
             assert self.result is not None and self.result.pause is not None
             self._pause(self.result.pause)
@@ -170,6 +182,22 @@ class Attempt:
         else:
             ending.repair(self.ctx, self.record)
         raise Ignore()
+
+    def _usage_json(self) -> bytes:
+        tenant = owner_of_namespace(self.namespace)[0]
+        return self.points.meter.usage.take_json(tenant, self.record.agent)
+
+    def _write_usage(self) -> None:
+        """The attempt's reported tokens, for an ending other than success (whose script
+        takes them). Tokens spent are counted whatever became of the turn; a store that is
+        away loses them, not the turn."""
+        usage = self._usage_json()
+        if not usage:
+            return
+        try:
+            self.ctx.records.add_usage(self.turn_id, self.namespace, usage)
+        except redis.RedisError as exc:
+            logger.warning("turn %s: its token usage was not counted (%s)", self.turn_id, exc)
 
     def _succeed(self, result: AgentResult) -> dict[str, Any]:
         reply = {
@@ -189,6 +217,7 @@ class Attempt:
             envelope=write.envelope,
             frame=write.frame,
             reply=reply,
+            usage=self._usage_json(),
         ):
             raise Ignore()
         self.result_stored = writes_inline(self.ctx)

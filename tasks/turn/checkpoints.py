@@ -4,11 +4,13 @@ attempt of a turn keeps them.
     before_model_call  the turn still ours? (a lease renewal, except when a write that checked
                        the lease has just been made: the claim before the attempt's first
                        call, the round's progress before the next); a worker shutting down
-                       hands the turn over here, before it pays for another call
+                       hands the turn over here, before it pays for another call; a spent
+                       budget or tenant cap makes the turn wait here (tasks/budgets/meter.py)
     (on_token)         the answer text as it streams, coalesced into token.delta events
                        (tasks/turn/tokens.py); not a check point: the door's `on_token`
-    after_model_call   the call's last text written (the writer's final flush), before its
-                       response is used; a turn no longer ours stops here
+    after_model_call   the call's reservation settled with its reported usage; its last text
+                       written (the writer's final flush), before its response is used; a
+                       turn no longer ours stops here
     on_response        the response is journaled with its first call's start (no round trip)
     before_tool_call   the call's start journaled, with its `tool.started` event; a turn no
                        longer ours does not run the tool; shutting down hands the turn over
@@ -48,7 +50,9 @@ from agent import (
     ToolCallPhase,
     ToolCallReport,
 )
-from tasks.core.errors import HandedOver, LeaseLost
+from tasks.budgets.meter import CallMeter
+from tasks.core.errors import HandedOver, JobError, LeaseLost
+from tasks.core.namespaces import owner_of_namespace
 from tasks.core.schema import Event
 from tasks.queue.context import JobContext
 from tasks.queue.results import RUNNING, report_state
@@ -101,6 +105,15 @@ class TurnCheckpoints(RunHooks):
         self.trace: AttemptTrace | None = None
         # The streamed text: the door's on_token is `tokens.add`.
         self.tokens = TokenWriter(self._write_tokens, ctx.settings.token_flush_ms)
+        # Budgets, tenant caps and the attempt's token usage (tasks/budgets/meter.py).
+        self.meter = CallMeter(
+            ctx.settings,
+            ctx.ledger,
+            turn_id=record.turn_id,
+            token=token,
+            tenant=owner_of_namespace(record.namespace)[0],
+            write=self._write,
+        )
 
     def start_from(self, checkpoint: AgentRunCheckpoint | None) -> None:
         """The progress the run starts from: later frames hold what changed since."""
@@ -127,11 +140,15 @@ class TurnCheckpoints(RunHooks):
 
     # -- the check points ----------------------------------------------------------------------
 
-    def before_model_call(self, report: ModelCallReport) -> LeaseLost | None:
+    def before_model_call(self, report: ModelCallReport) -> JobError | None:
         if self.ctx.leases.draining:
             return HandedOver(self.turn_id)
         if not self._lease_checked_just_now() and not self._renew():
             return LeaseLost(self.turn_id)
+        if self.meter.metered:  # a budget or a tenant cap may hold the call back
+            held = self.meter.before(report)
+            if held is not None:
+                return held
         if self.trace is not None:  # past the check point: the call is made
             self.trace.model_call(report)
         return None
@@ -139,6 +156,7 @@ class TurnCheckpoints(RunHooks):
     def after_model_call(self, report: ModelCallReport) -> LeaseLost | None:
         if self.trace is not None:
             self.trace.model_call(report)
+        self.meter.after(report)
         if not self._write(self.tokens.flush):
             return LeaseLost(self.turn_id)
         return None

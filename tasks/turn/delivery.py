@@ -31,6 +31,7 @@ from tasks.store.records import ClaimStatus, Registered, TurnRecord
 from tasks.telemetry.tracing import attempt as trace_attempt
 from tasks.turn import ending
 from tasks.turn.attempt import Attempt
+from tasks.turn.fairness import publish_released
 from tasks.turn.registration import register_turn
 
 logger = logging.getLogger("agentjobs.turns")
@@ -74,6 +75,8 @@ def drive_turn(
             logger.info("turn %s not run by this delivery: %s", turn_id, claim.status)
             ending.not_run(ctx, turn_id, namespace, claim.status)
             raise Ignore()
+        if claim.released:  # held turns the fairness gate admitted in this one's place
+            publish_released(ctx, list(claim.released))
         attempt = Attempt.from_claim(ctx, claim, token=token)
         points = attempt.points
         with (

@@ -7,6 +7,7 @@ events do not (tasks/queue/results.py), and wake whoever runs next:
 
     succeed         the conversation stored, the turn ended; wakes the conversation's next turn
     schedule_retry  released until a due time (waiting); the pump wakes it then
+    wait            released until a budget or tenant cap frees (waiting); the pump wakes it
     pause           released until a person decides (paused); a decision wakes it
     hand_over       released for another worker now (a deploy); wakes it at once
     dead_letter     an entry filed, the turn ended; wakes the next turn
@@ -47,7 +48,7 @@ import redis
 
 from agent import AgentError, AgentRunCheckpoint
 from tasks.core.backoff import backoff_delay_s
-from tasks.core.errors import JobError, Reason, TurnDeadLettered
+from tasks.core.errors import BudgetWait, JobError, Reason, TurnDeadLettered
 from tasks.core.redact import redact
 from tasks.core.schema import ClaimStatus, Field
 from tasks.queue.app import app
@@ -256,9 +257,11 @@ def succeed(
     envelope: bytes = b"",
     frame: bytes = b"",
     reply: Mapping[str, Any],
+    usage: bytes = b"",
 ) -> bool:
     """Store the conversation (a whole `envelope` or one conversation `frame`,
-    tasks/store/conversations.py) and end the turn as succeeded, with its Celery result when
+    tasks/store/conversations.py) and end the turn as succeeded, with its attempt's reported
+    tokens (`usage`, tasks/budgets/usage.py) and its Celery result when
     the result backend is the state Redis (otherwise Celery writes it from the reply the
     worker returns); wake the next turn. False when the turn was no longer this delivery's
     (nothing written but the result's repair)."""
@@ -274,6 +277,7 @@ def succeed(
         result=orjson.dumps(reply),
         ttl_s=ctx.settings.record_ttl_s,
         celery_result=inline_result(ctx, record.turn_id, reply),
+        usage=usage,
     )
     if not ended.ended:
         repair(ctx, record)
@@ -338,6 +342,43 @@ def schedule_retry(
         text,
         record.attempt + 1,
         delay_s,
+    )
+    return True
+
+
+def wait(
+    ctx: JobContext, record: TurnRecord, token: str, *, held: BudgetWait, iteration: int
+) -> bool:
+    """Release the turn until the budget or tenant cap that held its next model call frees
+    (`held.due_at_ms`), as last persisted, its attempt not counted; the pump wakes it then.
+    False when it was no longer ours."""
+    due_ms = patiently(
+        ctx,
+        record,
+        ctx.records.wait,
+        record.turn_id,
+        record.namespace,
+        token,
+        due_at_ms=held.due_at_ms,
+        waiting_for=held.waiting_for,
+        budget=held.budget,
+        limit=held.limit,
+    )
+    if not due_ms:
+        repair(ctx, record)
+        return False
+    info = {
+        "state": "waiting",
+        "waitingFor": held.waiting_for,
+        "attempt": record.attempt,
+        "iteration": iteration,
+        "dueAt": due_ms,
+    }
+    report_state(record.turn_id, WAITING, info)
+    send_from_worker(
+        record.turn_id,
+        TASK_RETRIED,
+        exception=f"waiting for {held.waiting_for} {held.budget} ({held.limit}) until {due_ms}",
     )
     return True
 

@@ -19,7 +19,7 @@ from agent import (
     RunStopped,
     can_resume,
 )
-from tasks.core.errors import HandedOver, JobError, LeaseLost, Reason
+from tasks.core.errors import BudgetWait, HandedOver, JobError, LeaseLost, Reason
 
 
 class Outcome(StrEnum):
@@ -28,6 +28,7 @@ class Outcome(StrEnum):
     DEAD_LETTER = "dead_letter"
     HAND_OVER = "hand_over"  # this worker is shutting down: another takes the turn at once
     PAUSE = "pause"  # a call waits for a person: the turn holds no worker until decided
+    WAIT = "wait"  # a model call waits for a budget or a tenant cap: no worker until it frees
     IGNORE = "ignore"  # write nothing: another delivery owns the turn, or Redis is away
 
 
@@ -52,12 +53,17 @@ _DOOR_REASONS: dict[type[BaseException], Reason] = {
 def decide(exc: BaseException, *, attempt: int, max_attempts: int) -> Decision:
     """What a failed attempt's exception means for the turn. A run the job system's own
     check points stopped (tasks/turn/checkpoints.py) carries their reason: the worker shuts
-    down (hand the turn over) or the turn is no longer this delivery's (write nothing)."""
+    down (hand the turn over), the turn is no longer this delivery's (write nothing), a budget
+    or tenant cap holds the next model call (wait), or can never admit it (dead letter)."""
     if isinstance(exc, RunStopped):
         if isinstance(exc.reason, HandedOver):
             return Decision(Outcome.HAND_OVER)
         if isinstance(exc.reason, LeaseLost):
             return Decision(Outcome.IGNORE)
+        if isinstance(exc.reason, BudgetWait):
+            return Decision(Outcome.WAIT, None, exc.reason)
+        if isinstance(exc.reason, JobError):  # budget_too_small, tenant_over_limit
+            return Decision(Outcome.DEAD_LETTER, exc.reason.reason, exc.reason, exc.checkpoint)
         return Decision(Outcome.DEAD_LETTER, Reason.INTERNAL_ERROR, exc)
     if isinstance(exc, RunCheckpointError):
         if isinstance(exc.cause, LeaseLost | redis.RedisError):

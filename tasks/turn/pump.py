@@ -54,6 +54,7 @@ from tasks.queue.results import has_final_result, write_final_result
 from tasks.store.pending import pending_actions
 from tasks.store.records import Due, TurnState
 from tasks.turn import ending
+from tasks.turn.fairness import pump_gate
 
 logger = logging.getLogger("agentjobs.pump")
 BATCH = 500
@@ -68,6 +69,7 @@ class Tick:
     results: int = 0
     overdue: int = 0
     expired_pauses: int = 0
+    released: int = 0  # held turns the fairness gate admitted (tasks/turn/fairness.py)
 
     def __add__(self, other: Tick) -> Tick:
         return Tick(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
@@ -330,12 +332,22 @@ def drop_streamed_tokens(ctx: JobContext, shard: ShardKeys, *, limit: int) -> No
         logger.debug("removed the streamed text of %d ended turns", dropped)
 
 
+# How often the pump mends the fairness gate's counts (tasks/turn/fairness.py, pump_gate).
+GATE_SWEEP_EVERY_S = 10.0
+_last_gate_sweep = 0.0
+
+
 def pump_once(ctx: JobContext, backlog: BrokerBacklog | None = None, *, probe: bool = True) -> Tick:
     """One tick. Without `probe`, take from every index without asking first (the pump before
     the probe: bench/pump_idle.py's baseline)."""
     backlog = backlog or BrokerBacklog((ctx.settings.turn_queue, ctx.settings.retry_queue))
     backlog.new_tick()
     tick = Tick(orphaned=wake_orphans(ctx))
+    global _last_gate_sweep
+    sweep = time.monotonic() - _last_gate_sweep > GATE_SWEEP_EVERY_S
+    if sweep:
+        _last_gate_sweep = time.monotonic()
+    tick += Tick(released=pump_gate(ctx, sweep=sweep))
     indices = time_indices(ctx)
     due: Container[str] = ctx.records.due_indices(indices) if probe else indices
     if not due:
@@ -393,13 +405,14 @@ def run_pump(
         if tick:
             logger.info(
                 "woke %d due retries, %d turns of dead workers, %d stalled turns, %d turns "
-                "prefetched by stopped workers, %d past their deadline; wrote %d missing "
-                "results",
+                "prefetched by stopped workers, %d past their deadline, %d held by the "
+                "fairness gate; wrote %d missing results",
                 tick.retries,
                 tick.expired,
                 tick.stalled,
                 tick.orphaned,
                 tick.overdue,
+                tick.released,
                 tick.results,
             )
         stop.wait(max(0.0, ctx.settings.pump_interval_s - (time.monotonic() - started)))

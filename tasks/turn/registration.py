@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from tasks.core.errors import BadPayload, InvalidTurnRequest
+from tasks.core.namespaces import owner_of_namespace
 from tasks.core.payload import TurnRequest, check_turn_id, parse_payload, registration_of
 from tasks.queue.context import JobContext
 from tasks.store.records import Registered
@@ -30,11 +31,13 @@ def register_turn(
     replay_of: str = "",
     request: TurnRequest | None = None,
     fresh: bool = False,
+    gated: bool = False,
 ) -> tuple[str, Registered]:
     """Record a submitted turn behind its conversation's earlier turns; returns its namespace
     ('' for a payload too broken to queue) and whether it was new. `request` is `kwargs`
     already parsed, when the caller has it; `fresh` says this process made the id up (a
-    uuid nobody else can hold), so its ownership needs no check."""
+    uuid nobody else can hold), so its ownership needs no check. `gated`: the tenant fairness
+    gate decides whether it is published now (Registered.HELD: not yet; tasks/turn/fairness.py)."""
     if request is None:
         with contextlib.suppress(BadPayload):
             request = parse_payload(kwargs, max_deadline_s=ctx.settings.max_deadline_s)
@@ -59,6 +62,8 @@ def register_turn(
         replay_of=replay_of,
         deadline_s=deadline_s,
         trace=current_trace() or "",  # the submitter's trace: every attempt joins it
+        tenant=owner_of_namespace(namespace)[0] or "" if namespace else "",
+        gated=gated,
     )
     return namespace, registered
 

@@ -43,12 +43,17 @@ class SubmitTurnTask(Task):  # type: ignore[misc]
         request = check_request(args, kwargs, max_deadline_s=ctx.settings.max_deadline_s)
         fresh = task_id is None
         task_id = str(uuid.uuid4()) if task_id is None else check_task_id(task_id)
-        namespace, registered = register_turn(ctx, task_id, kwargs, request=request, fresh=fresh)
+        namespace, registered = register_turn(
+            ctx, task_id, kwargs, request=request, fresh=fresh, gated=True
+        )
         refused = refusal(registered)
         if refused is not None:
             raise refused
         if registered is Registered.EXISTS:
             return self.AsyncResult(task_id)  # the same request again: the same turn
+        if registered is Registered.HELD:
+            # Recorded and queued; the fairness gate publishes it in its tenant's turn.
+            return self.AsyncResult(task_id)
         try:
             # The publish's own result: the backend subscribed to its channel for it, and a
             # second AsyncResult would leave this one to unsubscribe when dropped (and get()

@@ -95,9 +95,10 @@ def prefetched_turns() -> list[tuple[str, str]]:
 
 
 class Presence:
-    def __init__(self, ctx: JobContext, name: str) -> None:
+    def __init__(self, ctx: JobContext, name: str, slots: int = 0) -> None:
         self._ctx = ctx
         self._name = name
+        self._slots = slots  # the pool's concurrency: the fairness gate sizes its window by it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="presence", daemon=True)
         self._beat = ctx.records.script("worker_beat")
@@ -114,7 +115,7 @@ class Presence:
 
     def beat(self) -> None:
         received = orjson.dumps(prefetched_turns())
-        self._beat(keys=[self._ctx.keys.workers], args=[self._name, received])
+        self._beat(keys=[self._ctx.keys.workers], args=[self._name, received, self._slots])
         # A store that lost its data is noticed here even when no message survived it
         # (tasks/store/client.py): the first beat learns the epoch, later ones compare.
         self._ctx.epoch.check(self._name)
@@ -231,7 +232,8 @@ class PresenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
         if not ctx.settings.celery_task_logs:
             quiet_task_lines()
         announce_agents(ctx.settings.agents, strict=ctx.settings.strict_agents)
-        self.presence = Presence(ctx, parent.hostname)
+        slots = parent.concurrency if isinstance(parent.concurrency, int) else 0
+        self.presence = Presence(ctx, parent.hostname, slots)
         self.presence.start()
 
     def stop(self, parent: Any) -> None:

@@ -624,6 +624,7 @@ def test_readme_operating_it_runs_as_written(make_jobs: Any) -> None:
         "CONVERSATION_ID": "c-submit",
         "MESSAGE": "hello",
         "SECONDS": "30",
+        "DURATION": "1h",
     }
     lines = operating_lines()
     # Every command there is appears in README's block

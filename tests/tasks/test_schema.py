@@ -311,6 +311,17 @@ def every_script(records: TurnRecords) -> None:
     assert records.due_indices({k.retries: 0, k.pending: 60_000}) == {k.retries}
     assert records.take_due(k, k.retries, limit=10, bump_ms=1000)
     assert records.claim("t1", NS, "tok-d", 30, "w1").status is schema.ClaimStatus.CLAIMED
+    assert records.wait(
+        "t1",
+        NS,
+        "tok-d",
+        due_at_ms=0,
+        waiting_for="budget",
+        budget="fake:m1",
+        limit="requests:1/1s",
+    )
+    assert records.claim("t1", NS, "tok-d", 30, "w1").status is schema.ClaimStatus.CLAIMED
+    records.add_usage("t1", NS, b'{"bucketMs":300000,"ttlS":60,"rows":[["a","b",1]]}')
     assert records.lease_holder(NS) == "t1"
     ended = records.succeed("t1", NS, "tok-d", envelope=b"{}", result=b'{"content":""}', ttl_s=60)
     assert ended.ended

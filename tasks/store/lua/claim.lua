@@ -1,23 +1,33 @@
 -- Take a turn if it may run now: not ended, not waiting out a backoff, the head of its
 -- conversation's queue, no live lease. -> {claimed, deliveries, record, stored envelope or
--- false, its conversation frames} or {refusal}: missing | done | paused | not_due | not_head |
--- busy.
+-- false, its conversation frames, the held turns the fairness gate released for the worker
+-- to publish} or {refusal}: missing | done | paused | not_due | not_head | busy.
 local turn_id, token, worker = A.turn_id, A.token, A.worker
 local lease_ms = tonumber(A.lease_ms)
 
 -- What the claim decides by, in one read.
 local at = redis.call('HMGET', K.turn, F.state, F.due_at_ms, F.handed_over, F.deliveries,
-  F.redeliveries, F.attempt, F.iteration)
+  F.redeliveries, F.attempt, F.iteration, F.tenant)
 local state = at[1]
-if not state then return {R.MISSING} end
-if is_terminal(state) then return {R.DONE} end
+local gate = A.gate
+-- A refusal: a message the fairness gate admitted was used up all the same, and a turn that
+-- does not run now stops counting in flight (busy: another delivery runs it).
+local function refuse(reply)
+  if gate ~= '' then
+    redis.call('ZREM', gate .. ':unclaimed', turn_id)
+    if reply ~= R.BUSY and state then gate_release_of(K.turn, turn_id) end
+  end
+  return {reply}
+end
+if not state then return refuse(R.MISSING) end
+if is_terminal(state) then return refuse(R.DONE) end
 -- A paused turn waits for a person: only a decision (decide.lua) makes it runnable.
-if state == STATE.PAUSED then return {R.PAUSED} end
+if state == STATE.PAUSED then return refuse(R.PAUSED) end
 local now = now_ms()
-if state == STATE.WAITING and tonumber(at[2]) > now then return {R.NOT_DUE} end
-if redis.call('LINDEX', K.queue, 0) ~= turn_id then return {R.NOT_HEAD} end
+if state == STATE.WAITING and tonumber(at[2]) > now then return refuse(R.NOT_DUE) end
+if redis.call('LINDEX', K.queue, 0) ~= turn_id then return refuse(R.NOT_HEAD) end
 if not redis.call('SET', K.lease, lease_value(turn_id, token), 'PX', lease_ms, 'NX') then
-  return {R.BUSY}
+  return refuse(R.BUSY)
 end
 
 -- Still running with no lease: its worker stopped renewing (died, stalled, lost Redis), and
@@ -29,7 +39,8 @@ local deliveries = tonumber(at[4] or '0')
 local fields = {F.state, STATE.RUNNING, F.token, token, F.worker, worker, F.started_at_ms, now,
   F.updated_at_ms, now}
 if at[3] then
-  redis.call('HDEL', K.turn, F.handed_over)
+  -- (a wait for a budget, wait.lua, sets handed_over too, with what it waited for)
+  redis.call('HDEL', K.turn, F.handed_over, F.waiting_for)
 else
   deliveries = deliveries + 1
   fields[#fields + 1] = F.deliveries
@@ -52,4 +63,12 @@ if redis.call('HEXISTS', K.turn, F.checkpoint) == 0 then
   stored = redis.call('GET', K.conversation)
   if stored then frames = redis.call('LRANGE', K.conversation_frames, 0, -1) end
 end
-return {R.CLAIMED, deliveries, redis.call('HGETALL', K.turn), stored, frames}
+-- Tenant fairness: this turn counts in flight now (admitted, or started without the gate), and
+-- its place in the broker's queue goes to the next held turn in weighted round-robin.
+local released = {}
+if gate ~= '' then
+  redis.call('ZREM', gate .. ':unclaimed', turn_id)
+  gate_count(gate, K.turn, turn_id, at[8] or '')
+  released = gate_fill(gate, now, 4)
+end
+return {R.CLAIMED, deliveries, redis.call('HGETALL', K.turn), stored, frames, released}

@@ -41,6 +41,149 @@ local function count(turn_key, name, by)
   redis.call('HINCRBY', string.match(turn_key, '^(.-}):turn:') .. ':counters', name, by or 1)
 end
 
+-- Tokens a turn's model calls reported (tasks/budgets/usage.py, usage_json): a JSON object
+-- {bucketMs, ttlS, rows: [[usage field, counter field, tokens], ...]}. Each row adds to the
+-- shard's usage hash of the span of bucketMs that holds `now` (named from the turn key, as
+-- `count` names the counters) and to the shard's counters.
+local function add_usage(turn_key, usage_json, now)
+  local usage = cjson.decode(usage_json)
+  if #usage.rows == 0 then return end
+  local tag = string.match(turn_key, '^(.-}):turn:')
+  local bucket = tag .. ':usage:' .. math.floor(now / usage.bucketMs)
+  for _, row in ipairs(usage.rows) do
+    redis.call('HINCRBY', bucket, row[1], row[3])
+    redis.call('HINCRBY', tag .. ':counters', row[2], row[3])
+  end
+  redis.call('EXPIRE', bucket, usage.ttlS)
+end
+
+-- Tenant fairness (tasks/turn/fairness.py; docs/platform.md, "Budgets and fairness"). The gate
+-- keeps the broker's queue about as deep as the workers have slots: a turn submitted while that
+-- many are published and unclaimed, or whose tenant is at its running cap or has turns held
+-- already, is held in its tenant's list instead of published; each claim frees a place, filled
+-- from the held tenants in smooth weighted round-robin. `g` is the gate's key tag (keys.py,
+-- FairKeys): g:unclaimed (zset turn -> admitted at), g:owners (hash turn -> tenant),
+-- g:keys (hash turn -> its record's key), g:inflight (hash tenant -> turns admitted or
+-- running), g:active (hash tenant -> its current
+-- weight, for each tenant with held turns), g:held:<tenant> (list of refs), g:window (the
+-- slots, written by the pump). A ref is [turn key, pending key, turn id, namespace, agent,
+-- conversation id]. The gate's keys are in no shard's slot: it runs on one Redis (or a
+-- Sentinel group's master), and is off on a Cluster.
+-- {weights = {tenant = w}, dw = default weight, caps = {tenant = n}, dc = default cap or -1}
+local function gate_config()
+  return cjson.decode(A.gate_cfg)
+end
+
+-- Until the pump has counted the workers' slots, 16.
+local function gate_window(g)
+  return tonumber(redis.call('GET', g .. ':window') or '16')
+end
+
+local function gate_under_cap(g, cfg, tenant)
+  local cap = tonumber(cfg.caps[tenant] or cfg.dc)
+  return cap < 0 or tonumber(redis.call('HGET', g .. ':inflight', tenant) or '0') < cap
+end
+
+-- Count a turn in flight (admitted, or started without the gate: a retry, the next turn of a
+-- conversation), once.
+local function gate_count(g, turn_key, turn_id, tenant)
+  redis.call('HSET', turn_key, F.gate, g)
+  if redis.call('HSETNX', g .. ':owners', turn_id, tenant) == 1 then
+    redis.call('HINCRBY', g .. ':inflight', tenant, 1)
+    redis.call('HSET', g .. ':keys', turn_id, turn_key)
+  end
+end
+
+-- The turn stopped running (it ended, waits or is paused): its tenant's count goes down.
+local function gate_release(g, turn_id)
+  redis.call('ZREM', g .. ':unclaimed', turn_id)
+  local tenant = redis.call('HGET', g .. ':owners', turn_id)
+  if not tenant then return end
+  redis.call('HDEL', g .. ':owners', turn_id)
+  redis.call('HDEL', g .. ':keys', turn_id)
+  if redis.call('HINCRBY', g .. ':inflight', tenant, -1) <= 0 then
+    redis.call('HDEL', g .. ':inflight', tenant)
+  end
+end
+
+local function gate_release_of(turn_key, turn_id)
+  local g = redis.call('HGET', turn_key, F.gate)
+  if not g then return end
+  redis.call('HDEL', turn_key, F.gate)
+  gate_release(g, turn_id)
+end
+
+-- At submission: true when the turn may be published now, false when it was held.
+local function gate_admit(g, ref, turn_key, pending_key, turn_id, tenant, now)
+  local cfg = gate_config()
+  if redis.call('HEXISTS', g .. ':active', tenant) == 0
+      and redis.call('ZCARD', g .. ':unclaimed') < gate_window(g)
+      and gate_under_cap(g, cfg, tenant) then
+    redis.call('ZADD', g .. ':unclaimed', now, turn_id)
+    gate_count(g, turn_key, turn_id, tenant)
+    return true
+  end
+  redis.call('RPUSH', g .. ':held:' .. tenant, ref)
+  redis.call('HSETNX', g .. ':active', tenant, 0)
+  -- Not runnable while held: the pump's stall sweep must not start it behind the gate's back.
+  redis.call('ZREM', pending_key, turn_id)
+  return false
+end
+
+-- Admit held turns while the window has room, in smooth weighted round-robin over the tenants
+-- with held turns that are under their cap: each round every such tenant gains its weight, the
+-- one with the most goes and pays back the round's total. -> the refs admitted (at most limit)
+local function gate_fill(g, now, limit)
+  local admitted = {}
+  local raw = redis.call('HGETALL', g .. ':active')
+  if #raw == 0 then return admitted end
+  local room = gate_window(g) - redis.call('ZCARD', g .. ':unclaimed')
+  if room <= 0 then return admitted end
+  local cfg = gate_config()
+  local current, tenants = {}, {}
+  for i = 1, #raw, 2 do
+    tenants[#tenants + 1] = raw[i]
+    current[raw[i]] = tonumber(raw[i + 1])
+  end
+  local picks = 0
+  while room > 0 and #admitted < limit and picks < limit * 4 do
+    picks = picks + 1
+    local total, best = 0, nil
+    for _, tenant in ipairs(tenants) do
+      if current[tenant] ~= nil and gate_under_cap(g, cfg, tenant) then
+        local weight = tonumber(cfg.weights[tenant] or cfg.dw)
+        current[tenant] = current[tenant] + weight
+        total = total + weight
+        if best == nil or current[tenant] > current[best] then best = tenant end
+      end
+    end
+    if best == nil then break end
+    current[best] = current[best] - total
+    local held = g .. ':held:' .. best
+    local ref = redis.call('LPOP', held)
+    if redis.call('LLEN', held) == 0 then
+      current[best] = nil
+      redis.call('HDEL', g .. ':active', best)
+    end
+    if ref then
+      local r = cjson.decode(ref)
+      -- A turn cancelled while held, or started without the gate meanwhile, is left out.
+      if redis.call('HGET', r[1], F.state) == STATE.QUEUED and
+          not redis.call('HGET', r[1], F.gate) then
+        redis.call('ZADD', g .. ':unclaimed', now, r[3])
+        gate_count(g, r[1], r[3], best)
+        redis.call('ZADD', r[2], now, r[3])
+        admitted[#admitted + 1] = ref
+        room = room - 1
+      end
+    end
+  end
+  for _, tenant in ipairs(tenants) do
+    if current[tenant] ~= nil then redis.call('HSET', g .. ':active', tenant, current[tenant]) end
+  end
+  return admitted
+end
+
 -- When a queued turn became runnable (the head of its conversation, nothing running ahead of
 -- it): `agentjobs metrics` reports the oldest such turn's age (tasks/operate/inspect.py).
 local function mark_runnable(turn_key, now)
@@ -131,6 +274,7 @@ local function end_turn(k, turn_prefix, turn_id, state, now, fields, event_type,
     count(k.turn, COUNTER.DEAD_LETTERED .. (redis.call('HGET', k.turn, F.reason) or ''))
   end
   clear_journal(k.turn)
+  gate_release_of(k.turn, turn_id)
   keep_base(k.turn, k.conversation, k.conversation_frames)
   emit(k.events, k.turn, now, event_type, event_data)
   redis.call('HDEL', k.turn, F.token)

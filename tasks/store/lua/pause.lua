@@ -32,6 +32,7 @@ end
 redis.call('HDEL', K.turn, F.token)
 redis.call('DEL', K.lease)
 redis.call('ZREM', K.running, turn_id)
+gate_release_of(K.turn, turn_id)  -- not running: its tenant's count goes down
 redis.call('ZADD', K.pauses, expires, turn_id)
 count(K.turn, COUNTER.PAUSES)
 emit_json(K.events, K.turn, now, EVENT.TURN_PAUSED, '{"pending":' .. requests .. '}')

@@ -35,9 +35,20 @@ if namespace ~= '' and redis.call('RPUSH', K.queue, turn_id) == 1 then
   fields[#fields + 1] = F.runnable_at_ms
   fields[#fields + 1] = now
 end
+if A.tenant ~= '' then
+  fields[#fields + 1] = F.tenant
+  fields[#fields + 1] = A.tenant
+end
 redis.call('HSET', K.turn, unpack(fields))
 redis.call('ZADD', K.pending, now, turn_id)
 count(K.turn, COUNTER.SUBMITTED)
 -- A new record's attempt is 1 and its iteration unset: the event needs no read of them.
 emit_as(K.events, now, 1, 0, EVENT.TURN_QUEUED, {agent = agent, conversationId = conversation_id})
+-- Tenant fairness: published now, or held until the gate releases it (common.lua, gate_admit).
+if A.gate ~= '' and namespace ~= '' then
+  local ref = cjson.encode({K.turn, K.pending, turn_id, namespace, agent, conversation_id})
+  if not gate_admit(A.gate, ref, K.turn, K.pending, turn_id, A.tenant, now) then
+    return R.HELD
+  end
+end
 return R.CREATED

@@ -24,4 +24,5 @@ redis.call('ZADD', K.retries, due, turn_id)
 count(K.turn, COUNTER.RETRIES_SCHEDULED)
 redis.call('DEL', K.lease)
 redis.call('ZREM', K.running, turn_id)
+gate_release_of(K.turn, turn_id)  -- not running: its tenant's count goes down
 return due

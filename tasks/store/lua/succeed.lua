@@ -25,7 +25,9 @@ end
 clear_frames(K.turn)
 redis.call('HDEL', K.turn, F.checkpoint)
 local content = cjson.decode(A.result)['content']
-local head = end_turn(K, A.turn_prefix, A.turn_id, STATE.SUCCEEDED, now_ms(), {F.result, A.result},
+local now = now_ms()
+if A.usage then add_usage(K.turn, A.usage, now) end
+local head = end_turn(K, A.turn_prefix, A.turn_id, STATE.SUCCEEDED, now, {F.result, A.result},
   EVENT.TURN_SUCCEEDED, {content = content}, true, A.celery_meta ~= '')
 redis.call('EXPIRE', K.turn, A.ttl_s)
 redis.call('EXPIRE', K.events, A.ttl_s)
