@@ -181,28 +181,24 @@ def parse_budgets(text: str) -> Budgets:
     return Budgets(tuple(budgets))
 
 
-def parse_weights(text: str) -> PerTenant[int]:
+def _per_tenant_counts(text: str, what: str) -> PerTenant[int]:
     values: dict[str, int] = {}
     default = None
     for name, value in _pairs(text):
-        weight = _amount(value, f"the weight of {name!r}")
+        count = _amount(value, f"the {what} of {name!r}")
         if _tenant(name) == ANY:
-            default = weight
+            default = count
         else:
-            values[name] = weight
+            values[name] = count
     return PerTenant(values, default)
+
+
+def parse_weights(text: str) -> PerTenant[int]:
+    return _per_tenant_counts(text, "weight")
 
 
 def parse_max_running(text: str) -> PerTenant[int]:
-    values: dict[str, int] = {}
-    default = None
-    for name, value in _pairs(text):
-        cap = _amount(value, f"the running cap of {name!r}")
-        if _tenant(name) == ANY:
-            default = cap
-        else:
-            values[name] = cap
-    return PerTenant(values, default)
+    return _per_tenant_counts(text, "running cap")
 
 
 def parse_token_caps(text: str) -> PerTenant[TokenCap]:

@@ -826,14 +826,7 @@ class TurnRecords:
     ) -> int:
         """Park the turn until `delay_ms` from now by the server's clock; returns the due time
         (epoch ms), or 0 when the lease was no longer this turn's."""
-        k = self._keys.for_namespace(namespace)
-        keys = {
-            "turn": k.turn(turn_id),
-            "lease": k.lease(namespace),
-            "running": k.running,
-            "retries": k.retries,
-            "events": k.events(turn_id),
-        }
+        keys = self._waiting_keys(turn_id, namespace)
         args = {
             "turn_id": turn_id,
             "token": token,
@@ -843,6 +836,17 @@ class TurnRecords:
             "error": error,
         }
         return int(self._run(schema.RETRY, keys, args))
+
+    def _waiting_keys(self, turn_id: str, namespace: str) -> dict[str, str]:
+        # The keys retry.lua and wait.lua take, by name.
+        k = self._keys.for_namespace(namespace)
+        return {
+            "turn": k.turn(turn_id),
+            "lease": k.lease(namespace),
+            "running": k.running,
+            "retries": k.retries,
+            "events": k.events(turn_id),
+        }
 
     def wait(
         self,
@@ -858,14 +862,7 @@ class TurnRecords:
         """Park the turn until `due_at_ms` (server epoch ms) for a budget or a tenant cap
         (tasks/store/lua/wait.lua); returns the due time, or 0 when the lease was no longer
         this turn's."""
-        k = self._keys.for_namespace(namespace)
-        keys = {
-            "turn": k.turn(turn_id),
-            "lease": k.lease(namespace),
-            "running": k.running,
-            "retries": k.retries,
-            "events": k.events(turn_id),
-        }
+        keys = self._waiting_keys(turn_id, namespace)
         args = {
             "turn_id": turn_id,
             "token": token,
@@ -875,6 +872,23 @@ class TurnRecords:
             "limit": limit,
         }
         return int(self._run(schema.WAIT, keys, args))
+
+    def gate_fill(self, limit: int) -> list[bytes]:
+        """Admit held turns where the fairness gate has room (tasks/store/lua/gate_fill.lua);
+        -> their refs, to publish. [] when the gate is off."""
+        gate, config = self.gate
+        if not gate:
+            return []
+        args = {"gate": gate, "gate_cfg": config, "limit": limit}
+        return list(self._run(schema.GATE_FILL, {}, args) or [])
+
+    def gate_sweep(self, stale_ms: int, limit: int) -> int:
+        """Mend the fairness gate's counts (tasks/store/lua/gate_sweep.lua); -> how many."""
+        gate, _ = self.gate
+        if not gate:
+            return 0
+        args = {"gate": gate, "stale_ms": stale_ms, "limit": limit}
+        return int(self._run(schema.GATE_SWEEP, {}, args))
 
     def add_usage(self, turn_id: str, namespace: str, usage: bytes) -> None:
         """Count reported tokens (tasks/budgets/usage.py, usage_json) in the turn's shard."""

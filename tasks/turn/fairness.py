@@ -71,16 +71,15 @@ def slots(ctx: JobContext) -> int:
 def pump_gate(ctx: JobContext, *, sweep: bool) -> int:
     """The pump's part: size the window, admit what claims left, and (`sweep`) mend counts.
     -> how many held turns it released."""
-    gate, config = ctx.records.gate
+    gate = ctx.records.gate[0]
     if not gate:
         return 0
     found = slots(ctx)
     if found:
         ctx.redis.set(f"{gate}:window", found + WINDOW_SLACK, ex=WINDOW_TTL_S)
     if sweep:
-        ctx.records.script("gate_sweep")(args=[gate, STALE_UNCLAIMED_MS, 1000], keys=[])
-    refs = ctx.records.script("gate_fill")(args=[gate, config, FILL_BATCH], keys=[])
-    return publish_released(ctx, list(refs or []))
+        ctx.records.gate_sweep(STALE_UNCLAIMED_MS, 1000)
+    return publish_released(ctx, ctx.records.gate_fill(FILL_BATCH))
 
 
 def held_counts(ctx: JobContext) -> dict[str, int]:

@@ -1009,7 +1009,7 @@ def test_worker_beat_stamps_the_server_time_and_the_prefetched_turns(
     received = [["t9", NS]]
     before = records.server_time_ms()
     beat = records.script("worker_beat")
-    beat(keys=[records.keys.workers], args=["w1@host", orjson.dumps(received)])
+    beat(keys=[records.keys.workers], args=["w1@host", orjson.dumps(received), 8])
     after = records.server_time_ms()
 
     # Then its entry in the presence hash has the server's time and those turns
@@ -1018,10 +1018,11 @@ def test_worker_beat_stamps_the_server_time_and_the_prefetched_turns(
     entry = orjson.loads(raw)
     assert before <= entry["at"] <= after
     assert entry["received"] == received
+    assert entry["slots"] == 8  # the fairness gate's window counts them
 
     # and the next beat replaces it
     time.sleep(0.01)
-    beat(keys=[records.keys.workers], args=["w1@host", b"[]"])
+    beat(keys=[records.keys.workers], args=["w1@host", b"[]", 8])
     entry = orjson.loads(client.hget(records.keys.workers, "w1@host") or b"{}")
     assert entry["received"] == [] and entry["at"] >= after
 

@@ -333,7 +333,10 @@ def every_script(records: TurnRecords) -> None:
     ).ended
     register("t4")
     assert records.cancel("t4", NS, reason="not needed", ttl_s=60).ended
-    records.script("worker_beat")(keys=[records.keys.workers], args=["w1", b"[]"])
+    records.script("worker_beat")(keys=[records.keys.workers], args=["w1", b"[]", 4])
+    records.gate = ("{schematest:fair}", b'{"weights":{"":1},"dw":1,"caps":{"":-1},"dc":-1}')
+    assert records.gate_fill(10) == []
+    assert records.gate_sweep(60_000, 100) == 0
 
 
 def key_named(name: str, keys: Keys, k: ShardKeys, turn_id: str) -> set[str]:

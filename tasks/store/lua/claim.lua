@@ -10,24 +10,30 @@ local at = redis.call('HMGET', K.turn, F.state, F.due_at_ms, F.handed_over, F.de
   F.redeliveries, F.attempt, F.iteration, F.tenant)
 local state = at[1]
 local gate = A.gate
--- A refusal: a message the fairness gate admitted was used up all the same, and a turn that
--- does not run now stops counting in flight (busy: another delivery runs it).
-local function refuse(reply)
+local now = now_ms()
+local refusal = nil
+if not state then
+  refusal = R.MISSING
+elseif is_terminal(state) then
+  refusal = R.DONE
+elseif state == STATE.PAUSED then
+  -- A paused turn waits for a person: only a decision (decide.lua) makes it runnable.
+  refusal = R.PAUSED
+elseif state == STATE.WAITING and tonumber(at[2]) > now then
+  refusal = R.NOT_DUE
+elseif redis.call('LINDEX', K.queue, 0) ~= turn_id then
+  refusal = R.NOT_HEAD
+elseif not redis.call('SET', K.lease, lease_value(turn_id, token), 'PX', lease_ms, 'NX') then
+  refusal = R.BUSY
+end
+if refusal then
+  -- A message the fairness gate admitted was used up all the same, and a turn that does not
+  -- run now stops counting in flight (busy: another delivery runs it).
   if gate ~= '' then
     redis.call('ZREM', gate .. ':unclaimed', turn_id)
-    if reply ~= R.BUSY and state then gate_release_of(K.turn, turn_id) end
+    if refusal ~= R.BUSY and state then gate_release_of(K.turn, turn_id) end
   end
-  return {reply}
-end
-if not state then return refuse(R.MISSING) end
-if is_terminal(state) then return refuse(R.DONE) end
--- A paused turn waits for a person: only a decision (decide.lua) makes it runnable.
-if state == STATE.PAUSED then return refuse(R.PAUSED) end
-local now = now_ms()
-if state == STATE.WAITING and tonumber(at[2]) > now then return refuse(R.NOT_DUE) end
-if redis.call('LINDEX', K.queue, 0) ~= turn_id then return refuse(R.NOT_HEAD) end
-if not redis.call('SET', K.lease, lease_value(turn_id, token), 'PX', lease_ms, 'NX') then
-  return refuse(R.BUSY)
+  return {refusal}
 end
 
 -- Still running with no lease: its worker stopped renewing (died, stalled, lost Redis), and
@@ -69,6 +75,6 @@ local released = {}
 if gate ~= '' then
   redis.call('ZREM', gate .. ':unclaimed', turn_id)
   gate_count(gate, K.turn, turn_id, at[8] or '')
-  released = gate_fill(gate, now, 4)
+  released = gate_fill(gate, A.gate_cfg, now, 4)
 end
 return {R.CLAIMED, deliveries, redis.call('HGETALL', K.turn), stored, frames, released}

@@ -70,8 +70,8 @@ end
 -- conversation id]. The gate's keys are in no shard's slot: it runs on one Redis (or a
 -- Sentinel group's master), and is off on a Cluster.
 -- {weights = {tenant = w}, dw = default weight, caps = {tenant = n}, dc = default cap or -1}
-local function gate_config()
-  return cjson.decode(A.gate_cfg)
+local function gate_config(cfg_json)
+  return cjson.decode(cfg_json)
 end
 
 -- Until the pump has counted the workers' slots, 16.
@@ -114,8 +114,8 @@ local function gate_release_of(turn_key, turn_id)
 end
 
 -- At submission: true when the turn may be published now, false when it was held.
-local function gate_admit(g, ref, turn_key, pending_key, turn_id, tenant, now)
-  local cfg = gate_config()
+local function gate_admit(g, cfg_json, ref, turn_key, pending_key, turn_id, tenant, now)
+  local cfg = gate_config(cfg_json)
   if redis.call('HEXISTS', g .. ':active', tenant) == 0
       and redis.call('ZCARD', g .. ':unclaimed') < gate_window(g)
       and gate_under_cap(g, cfg, tenant) then
@@ -133,13 +133,13 @@ end
 -- Admit held turns while the window has room, in smooth weighted round-robin over the tenants
 -- with held turns that are under their cap: each round every such tenant gains its weight, the
 -- one with the most goes and pays back the round's total. -> the refs admitted (at most limit)
-local function gate_fill(g, now, limit)
+local function gate_fill(g, cfg_json, now, limit)
   local admitted = {}
   local raw = redis.call('HGETALL', g .. ':active')
   if #raw == 0 then return admitted end
   local room = gate_window(g) - redis.call('ZCARD', g .. ':unclaimed')
   if room <= 0 then return admitted end
-  local cfg = gate_config()
+  local cfg = gate_config(cfg_json)
   local current, tenants = {}, {}
   for i = 1, #raw, 2 do
     tenants[#tenants + 1] = raw[i]

@@ -47,7 +47,7 @@ emit_as(K.events, now, 1, 0, EVENT.TURN_QUEUED, {agent = agent, conversationId =
 -- Tenant fairness: published now, or held until the gate releases it (common.lua, gate_admit).
 if A.gate ~= '' and namespace ~= '' then
   local ref = cjson.encode({K.turn, K.pending, turn_id, namespace, agent, conversation_id})
-  if not gate_admit(A.gate, ref, K.turn, K.pending, turn_id, A.tenant, now) then
+  if not gate_admit(A.gate, A.gate_cfg, ref, K.turn, K.pending, turn_id, A.tenant, now) then
     return R.HELD
   end
 end
