@@ -14,6 +14,7 @@ run on 2 cores varies by 10-20%. Goals: b/a >= 0.9, f/e >= 0.8, c/d >= 0.95; --s
 when one is missed.
 
     .venv/bin/python bench/throughput.py [--rounds 3] [--turns 1500] [--concurrency N] [--strict]
+                                         [--no-fairness]
 """
 
 from __future__ import annotations
@@ -145,6 +146,12 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=1500, help="for (a), (b), (e), (f)")
     parser.add_argument("--rounds", type=int, default=3, help="bare then ours, this many times")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument(
+        "--no-fairness",
+        action="store_true",
+        help="our side without the tenant fairness gate (AGENTJOBS_TENANT_FAIRNESS=0), to "
+        "measure what the gate costs",
+    )
     args = parser.parse_args()
     # Enough 200 ms tasks to keep every thread busy for several seconds.
     slow = max(args.concurrency * 25, 100)
@@ -155,6 +162,8 @@ def main() -> int:
         WATCHED["redis"] = server.process.pid
         logs = Path(tmp) / "logs"
         env = job_env(server.url, AGENTS)
+        if args.no_fairness:
+            env["AGENTJOBS_TENANT_FAIRNESS"] = "0"
         # This process is the client of both apps.
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS"))})
         print(f"threads pool, concurrency {args.concurrency}, loglevel INFO; {args.rounds} rounds")

@@ -75,10 +75,17 @@ def pump_gate(ctx: JobContext, *, sweep: bool) -> int:
     if not gate:
         return 0
     found = slots(ctx)
-    if found:
-        ctx.redis.set(f"{gate}:window", found + WINDOW_SLACK, ex=WINDOW_TTL_S)
-    if sweep:
+    # One round trip, and no script while nothing is held or counted (an idle pump).
+    with ctx.redis.pipeline(transaction=False) as pipe:
+        if found:
+            pipe.set(f"{gate}:window", found + WINDOW_SLACK, ex=WINDOW_TTL_S)
+        pipe.exists(f"{gate}:active")
+        pipe.exists(f"{gate}:owners", f"{gate}:unclaimed")
+        *_, held, counted = pipe.execute()
+    if sweep and counted:
         ctx.records.gate_sweep(STALE_UNCLAIMED_MS, 1000)
+    if not held:
+        return 0
     return publish_released(ctx, ctx.records.gate_fill(FILL_BATCH))
 
 
