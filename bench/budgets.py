@@ -185,7 +185,7 @@ def flood_run(
 
 
 def fairness_bench(base: dict[str, str], logs: Path, client: redis.Redis, args: Any) -> list[str]:
-    env = {**base, "AGENTJOBS_TEST_CALL_S": "0.05"}
+    env = {**base, "AGENTJOBS_TEST_CALL_S": "0.05", "AGENTJOBS_TENANT_FAIRNESS": "1"}
     fifo = {**env, "AGENTJOBS_TENANT_FAIRNESS": "0"}
     print("(b) fairness: 1 worker x 8 threads, 50 ms calls, beta submits 20 turns")
     problems: list[str] = []

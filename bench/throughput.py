@@ -14,7 +14,7 @@ run on 2 cores varies by 10-20%. Goals: b/a >= 0.9, f/e >= 0.8, c/d >= 0.95; --s
 when one is missed.
 
     .venv/bin/python bench/throughput.py [--rounds 3] [--turns 1500] [--concurrency N] [--strict]
-                                         [--no-fairness]
+                                         [--fairness]
 """
 
 from __future__ import annotations
@@ -147,10 +147,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="bare then ours, this many times")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
     parser.add_argument(
-        "--no-fairness",
+        "--fairness",
         action="store_true",
-        help="our side without the tenant fairness gate (AGENTJOBS_TENANT_FAIRNESS=0), to "
-        "measure what the gate costs",
+        help="our side with the tenant fairness gate on (AGENTJOBS_TENANT_FAIRNESS=1; off by "
+        "default), to measure what it costs",
     )
     args = parser.parse_args()
     # Enough 200 ms tasks to keep every thread busy for several seconds.
@@ -162,8 +162,7 @@ def main() -> int:
         WATCHED["redis"] = server.process.pid
         logs = Path(tmp) / "logs"
         env = job_env(server.url, AGENTS)
-        if args.no_fairness:
-            env["AGENTJOBS_TENANT_FAIRNESS"] = "0"
+        env["AGENTJOBS_TENANT_FAIRNESS"] = "1" if args.fairness else "0"
         # This process is the client of both apps.
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS"))})
         print(f"threads pool, concurrency {args.concurrency}, loglevel INFO; {args.rounds} rounds")

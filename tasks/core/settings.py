@@ -147,9 +147,12 @@ class Settings:
     # A tenant label on agentjobs_tokens_total: one series per tenant, so off by default.
     metrics_tenant_labels: bool = False
 
-    # Submitted turns start in weighted round-robin across tenants (tasks/turn/fairness.py).
-    # Off: in submission order, as the broker delivers them. A Redis Cluster runs without it.
-    tenant_fairness: bool = True
+    # Submitted turns start in weighted round-robin across tenants (tasks/turn/fairness.py):
+    # on when tenant weights or running caps are set (AGENTJOBS_TENANT_FAIRNESS says so
+    # either way). Off: in submission order, as the broker delivers them; the gate costs a
+    # short turn about 8% of its throughput (README, "Budgets and fairness, measured"). A
+    # Redis Cluster runs without it.
+    tenant_fairness: bool = False
 
 
 def load_settings(
@@ -226,7 +229,10 @@ def load_settings(
             "AGENTJOBS_TENANT_OVER_LIMIT", Settings.tenant_over_limit, OVER_LIMIT
         ),
         metrics_tenant_labels=env.flag("AGENTJOBS_METRICS_TENANT_LABELS", False),
-        tenant_fairness=env.flag("AGENTJOBS_TENANT_FAIRNESS", True),
+        tenant_fairness=env.flag(
+            "AGENTJOBS_TENANT_FAIRNESS",
+            bool(env.raw("AGENTJOBS_TENANT_WEIGHTS") or env.raw("AGENTJOBS_TENANT_MAX_RUNNING")),
+        ),
     )
     if settings.backoff_max_s < settings.backoff_base_s:
         raise SettingsError(

@@ -42,7 +42,7 @@ def calls(jobs: Jobs) -> list[dict[str, Any]]:
 
 
 def test_a_later_tenant_is_not_stuck_behind_a_backlog(make_jobs: Any) -> None:
-    jobs: Jobs = make_jobs(**_env(AGENTJOBS_TEST_CALL_S="0.05"))
+    jobs: Jobs = make_jobs(**_env(AGENTJOBS_TEST_CALL_S="0.05", AGENTJOBS_TENANT_FAIRNESS="1"))
     jobs.worker(concurrency=4)
     jobs.pump()
     flood = submit("acme", 120)
