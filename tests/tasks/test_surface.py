@@ -69,3 +69,12 @@ def test_importing_tasks_opens_no_connection() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_turn_status_names_what_a_waiting_turn_waits_for() -> None:
+    # PLATFORM.md section 4: TurnStatus.waiting_for ("budget", "tenant_tokens"; ours: "retry").
+    import dataclasses
+
+    from tasks import TurnStatus
+
+    assert "waiting_for" in {f.name for f in dataclasses.fields(TurnStatus)}
