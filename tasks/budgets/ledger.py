@@ -58,6 +58,21 @@ class TenantUse:
     due_ms: int = 0  # for a tenant at its cap: when enough of its usage leaves the window
 
 
+@dataclass(frozen=True)
+class LimitUse:
+    """One limit of a budget as counted now (Ledger.in_use)."""
+
+    label: str  # "tokens:2400/10s"
+    used: int
+    amount: int
+    closed_until_ms: int  # until when a provider's 429 closed the budget; 0 when open
+
+
+def server_ms(client: StateClient) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def _limit_part(limit: Limit) -> str:
     return f"{limit.kind}/{duration_text(limit.window_ms)}"
 
@@ -121,6 +136,27 @@ class Ledger:
         """Admit nothing of `budget` for `for_ms` (a 429's retry-after); -> until when."""
         ledger = self._keys.budget(budget.name)
         return int(self._script("close")(keys=[ledger.closed], args=[max(1, for_ms)]))
+
+    def in_use(self, budget: Budget) -> list[LimitUse]:
+        """What each of the budget's limits counts now: the calls held (unsettled) and those
+        settled within its window, as the next reservation would count them; read only."""
+        ledger = self._keys.budget(budget.name)
+        now_ms = server_ms(self._redis)
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(ledger.holds, 0, -1)
+            pipe.get(ledger.closed)
+            for limit in budget.limits:
+                part = _limit_part(limit)
+                pipe.zrangebyscore(ledger.log(part), now_ms - limit.window_ms, "+inf")
+                pipe.hgetall(ledger.amounts(part))
+            held, closed, *rows = pipe.execute()
+        closed_until = int(closed) if closed and int(closed) > now_ms else 0
+        used = []
+        for n, limit in enumerate(budget.limits):
+            counted, amounts = set(held) | set(rows[2 * n]), rows[2 * n + 1]
+            total = sum(int(amounts.get(call, 0)) for call in counted)
+            used.append(LimitUse(limit.label, total, limit.amount, closed_until))
+        return used
 
     def tenant_use(self, tenant: str, cap: TokenCap) -> TenantUse:
         keys = self._tenant_keys(tenant, cap)

@@ -69,6 +69,14 @@ class ShardKeys:
         return f"{self.tag}:events:{turn_id}"
 
     @property
+    def submitted(self) -> str:
+        """Sorted set turn_id -> submission time (server epoch ms): every turn of the shard,
+        entered by register, so that listings page through turns newest first without reading
+        every record (tasks/operate/listing.py). An entry whose record has expired is dropped by
+        the pump (trim_submitted) and skipped by readers until then."""
+        return f"{self.tag}:submitted"
+
+    @property
     def retries(self) -> str:
         """Sorted set turn_id -> due time (server epoch ms): retries waiting out their backoff."""
         return f"{self.tag}:retries"

@@ -333,7 +333,7 @@ ENDING_KEYS: Final = (
 
 REGISTER: Final = ScriptSchema(
     "register",
-    keys=("turn", "queue", "pending", "events", "deadlines"),
+    keys=("turn", "queue", "pending", "events", "deadlines", "submitted"),
     args=(
         "turn_id",
         "payload",
@@ -353,7 +353,9 @@ REGISTER: Final = ScriptSchema(
     replies=RegisterReply,
 )
 UNREGISTER: Final = ScriptSchema(
-    "unregister", keys=("turn", "queue", "pending", "events", "deadlines"), args=("turn_id",)
+    "unregister",
+    keys=("turn", "queue", "pending", "events", "deadlines", "submitted"),
+    args=("turn_id",),
 )
 CLAIM: Final = ScriptSchema(
     "claim",

@@ -521,6 +521,7 @@ class TurnRecords:
             "pending": k.pending,
             "events": k.events(turn_id),
             "deadlines": k.deadlines,
+            "submitted": k.submitted,
         }
 
     def claim(

@@ -332,9 +332,37 @@ def drop_streamed_tokens(ctx: JobContext, shard: ShardKeys, *, limit: int) -> No
         logger.debug("removed the streamed text of %d ended turns", dropped)
 
 
-# How often the pump mends the fairness gate's counts (tasks/turn/fairness.py, pump_gate).
+def trim_submitted(ctx: JobContext, shard: ShardKeys, now_ms: int, *, limit: int) -> int:
+    """Drop the shard's `submitted` entries whose record has expired: those submitted longer
+    ago than a record is kept, looked at `limit` at a time (the rest at the next trim); an
+    old turn whose record is still there (unfinished, or kept for its dead letter) stays."""
+    older = now_ms - ctx.settings.record_ttl_s * 1000
+    dropped = kept = 0
+    while kept + dropped < TRIM_LOOKS:
+        ids: list[bytes] = ctx.redis.zrangebyscore(  # type: ignore[assignment]
+            shard.submitted, "-inf", older, start=kept, num=limit
+        )
+        with ctx.redis.pipeline(transaction=False) as pipe:
+            for turn_id in ids:
+                pipe.exists(shard.turn(turn_id.decode()))
+            there: list[int] = pipe.execute()
+        gone = [turn_id for turn_id, exists in zip(ids, there, strict=True) if not exists]
+        if gone:
+            ctx.redis.zrem(shard.submitted, *gone)
+        dropped += len(gone)
+        kept += len(ids) - len(gone)
+        if len(ids) < limit:
+            break
+    return dropped
+
+
+# How often the pump mends the fairness gate's counts (tasks/turn/fairness.py, pump_gate), and
+# drops the listing entries of expired records (trim_submitted), at most TRIM_LOOKS a shard.
 GATE_SWEEP_EVERY_S = 10.0
+TRIM_EVERY_S = 60.0
+TRIM_LOOKS = 2000
 _last_gate_sweep = 0.0
+_last_trim = 0.0
 
 
 def pump_once(ctx: JobContext, backlog: BrokerBacklog | None = None, *, probe: bool = True) -> Tick:
@@ -348,6 +376,12 @@ def pump_once(ctx: JobContext, backlog: BrokerBacklog | None = None, *, probe: b
     if sweep:
         _last_gate_sweep = time.monotonic()
     tick += Tick(released=pump_gate(ctx, sweep=sweep))
+    global _last_trim
+    if time.monotonic() - _last_trim > TRIM_EVERY_S:
+        _last_trim = time.monotonic()
+        now_ms = ctx.records.server_time_ms()
+        for shard in ctx.keys.all_shards():
+            trim_submitted(ctx, shard, now_ms, limit=BATCH)
     indices = time_indices(ctx)
     due: Container[str] = ctx.records.due_indices(indices) if probe else indices
     if not due:

@@ -1,4 +1,5 @@
-"""The console's ASGI app: its routes and the bearer-token guard in front of them.
+"""The console's ASGI app: its routes (pages.py, actions.py, the event stream here), the
+session and sign-in in front of them (auth.py), and the vendored static files.
 
     GET /turns/{turn_id}/events   Server-Sent Events, one per TurnEvent: `id:` the event id,
                                   `event:` its type, `data:` the TurnEvent as JSON (times in
@@ -13,34 +14,68 @@ Starlette's thread pool: each open stream holds one of its threads while it wait
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterator
+from importlib import resources
 
 import orjson
 from redis.exceptions import RedisError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import Headers
 from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from tasks.operate.events import TurnEvent, iter_events
+from tasks.web import actions, login, pages
+from tasks.web.auth import Guard, session_secret
 
 _YES = frozenset({"1", "true", "yes", "on"})
 
 
 def create_app(*, token: str = "") -> Starlette:
-    """The console. With `token` (AGENTJOBS_WEB_TOKEN), every request must carry it as
-    `Authorization: Bearer <token>`; others get 401."""
-    middleware = [Middleware(BearerToken, token=token)] if token else []
-    return Starlette(
-        routes=[Route("/turns/{turn_id}/events", turn_events, methods=["GET"])],
-        middleware=middleware,
-    )
+    """The console. With `token` (AGENTJOBS_WEB_TOKEN), every request needs a signed-in
+    session or `Authorization: Bearer <token>` (auth.py)."""
+    middleware = [
+        Middleware(
+            SessionMiddleware,
+            secret_key=session_secret(token),
+            session_cookie="agentjobs_console",
+            same_site="lax",
+            max_age=12 * 3600,
+        ),
+        Middleware(Guard, token=token),
+    ]
+    static = resources.files("tasks.web") / "static"
+    routes = [
+        Route("/", pages.overview),
+        Route("/login", login.form_page, methods=["GET"]),
+        Route("/login", login.sign_in, methods=["POST"]),
+        Route("/logout", login.sign_out, methods=["POST"]),
+        Route("/turns", pages.turns),
+        Route("/turns/{turn_id}", pages.turn),
+        Route("/turns/{turn_id}/status", pages.turn_status_part),
+        Route("/turns/{turn_id}/actions", pages.turn_actions_part),
+        Route("/turns/{turn_id}/events", turn_events, methods=["GET"]),
+        Route("/turns/{turn_id}/cancel", actions.cancel, methods=["POST"]),
+        Route("/turns/{turn_id}/actions/{request_id}/approve", actions.approve, methods=["POST"]),
+        Route("/turns/{turn_id}/actions/{request_id}/reject", actions.reject, methods=["POST"]),
+        Route("/turns/{turn_id}/actions/{request_id}/answer", actions.answer, methods=["POST"]),
+        Route("/approvals", pages.approvals),
+        Route("/conversations/{tenant}/{principal}/{conversation_id:path}", pages.conversation),
+        Route("/dead-letters", pages.dead_letters),
+        Route("/dead-letters/bulk", pages.dead_letters_bulk, methods=["GET"]),
+        Route("/dead-letters/bulk", actions.bulk, methods=["POST"]),
+        Route("/dead-letters/{entry_id}/replay", actions.replay_entry, methods=["POST"]),
+        Route("/dead-letters/{entry_id}/purge", actions.purge_entry, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(static)), name="static"),
+    ]
+    app = Starlette(routes=routes, middleware=middleware)
+    app.state.token = token
+    return app
 
 
 async def turn_events(request: Request) -> Response:
@@ -64,29 +99,3 @@ def _sent(events: Iterator[TurnEvent]) -> Iterator[ServerSentEvent]:
     for event in events:
         # orjson writes the dataclass by its field names, `at` in ISO 8601.
         yield ServerSentEvent(data=orjson.dumps(event).decode(), event=event.type, id=event.id)
-
-
-class BearerToken:
-    """Every HTTP request needs `Authorization: Bearer <token>`: a plain ASGI middleware, so a
-    stream passes through it untouched."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.token = token.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not self._allowed(Headers(scope=scope)):
-            refused = JSONResponse(
-                {"error": "this server needs Authorization: Bearer <AGENTJOBS_WEB_TOKEN>"},
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await refused(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-    def _allowed(self, headers: Headers) -> bool:
-        scheme, _, given = headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            given.strip().encode(), self.token
-        )

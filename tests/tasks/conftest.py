@@ -30,6 +30,7 @@ TEST_AGENTS = {
     "journal_parallel_idempotent": "tests.tasks.agents:build_journal_parallel_idempotent",
     "journal_parallel_unsafe": "tests.tasks.agents:build_journal_parallel_unsafe",
     "person": "tests.tasks.agents:build_person_agent",
+    "console": "tests.tasks.console_agents:build_console_agent",
     "store_rounds": "tests.tasks.store_agents:build_store_rounds",
 }
 

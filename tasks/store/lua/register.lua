@@ -41,6 +41,7 @@ if A.tenant ~= '' then
 end
 redis.call('HSET', K.turn, unpack(fields))
 redis.call('ZADD', K.pending, now, turn_id)
+redis.call('ZADD', K.submitted, now, turn_id)
 count(K.turn, COUNTER.SUBMITTED)
 -- A new record's attempt is 1 and its iteration unset: the event needs no read of them.
 emit_as(K.events, now, 1, 0, EVENT.TURN_QUEUED, {agent = agent, conversationId = conversation_id})

@@ -7,4 +7,5 @@ count(K.turn, COUNTER.SUBMITTED, -1)  -- never submitted after all
 redis.call('LREM', K.queue, 1, turn_id)
 redis.call('ZREM', K.pending, turn_id)
 redis.call('ZREM', K.deadlines, turn_id)
+redis.call('ZREM', K.submitted, turn_id)
 return 1
