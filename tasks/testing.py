@@ -30,8 +30,10 @@ from typing import Any
 
 import redis
 
-# The port the Procfile's metrics exporter listens on (`agentjobs metrics`' default).
+# The port the Procfile's metrics exporter listens on (`agentjobs metrics`' default), and the
+# console's (`agentjobs web`'s default).
 METRICS_PORT = 9808
+WEB_PORT = 8088
 # The deployment's processes, {name: shell command}: the Procfile's lines, here so the demo and
 # the tests run them from an installed package too (tests/tasks/test_procfile.py checks that
 # the Procfile says the same).
@@ -39,14 +41,21 @@ PROCFILE = {
     "worker": "celery -A tasks worker --pool threads --loglevel INFO",
     "pump": "agentjobs pump",
     "metrics": f"agentjobs metrics --port {METRICS_PORT}",
+    "web": "agentjobs web",
 }
 # What each of them logs once it is ready.
-READY = {"worker": "ready.", "pump": "pump started", "metrics": "serving metrics on"}
+READY = {
+    "worker": "ready.",
+    "pump": "pump started",
+    "metrics": "serving metrics on",
+    "web": "Uvicorn running on",
+}
 
 
-def procfile(*, metrics_port: int = METRICS_PORT) -> dict[str, str]:
-    """PROCFILE with its metrics exporter on `metrics_port`."""
-    return {**PROCFILE, "metrics": f"agentjobs metrics --port {metrics_port}"}
+def procfile(*, metrics_port: int = METRICS_PORT, web_port: int = WEB_PORT) -> dict[str, str]:
+    """PROCFILE with its metrics exporter on `metrics_port` and the console on `web_port`."""
+    web = PROCFILE["web"] + (f" --port {web_port}" if web_port != WEB_PORT else "")
+    return {**PROCFILE, "metrics": f"agentjobs metrics --port {metrics_port}", "web": web}
 
 
 def free_port() -> int:

@@ -9,7 +9,9 @@ prefix of its own, and on a shared Redis it removes them afterwards, with its en
 one key kombu shares between every app on a Redis (`_kombu.binding_deadlines`). The dead
 letters are shown by the operator's own command, `agentjobs dlq list`, run as a process of its
 own. Runs from an installed package: its processes are tasks.testing.PROCFILE's, in the current
-directory, with the metrics exporter moved off port 9808 when something else listens there.
+directory, with the metrics exporter moved off port 9808 and the console off 8088 when
+something else listens there; the console runs only when the `web` extra is installed, and the
+demo prints its address (it opens nothing itself).
 
 May import: tasks (the public surface, as a user's code does), tasks.testing, tasks.providers,
 tasks.operate, tasks.queue, tasks.core, agent.
@@ -214,6 +216,18 @@ def metrics_port_for(requested: int | None, default: int | None = None) -> int:
     return port if port_is_free(port) else free_port()
 
 
+def console_port() -> int | None:
+    """Where the demo's console listens (8088, else a free port), or None without the `web`
+    extra (the demo then runs without it)."""
+    import importlib.util
+
+    from tasks.testing import WEB_PORT, free_port, port_is_free
+
+    if any(importlib.util.find_spec(m) is None for m in ("starlette", "uvicorn", "jinja2")):
+        return None
+    return WEB_PORT if port_is_free(WEB_PORT) else free_port()
+
+
 def run_demo(redis_url: str, workdir: Path, *, shared: bool, metrics_port: int) -> int:
     from tasks.testing import READY, Process, procfile, start_process, wait_until
 
@@ -225,7 +239,12 @@ def run_demo(redis_url: str, workdir: Path, *, shared: bool, metrics_port: int) 
 
     processes: list[Process] = []
     try:
-        for name, command in procfile(metrics_port=metrics_port).items():
+        web_port = console_port()
+        commands = procfile(metrics_port=metrics_port, web_port=web_port or 0)
+        if web_port is None:
+            del commands["web"]
+            say("the console (agentjobs web) needs the web extra: pip install 'agentjobs[web]'")
+        for name, command in commands.items():
             try:
                 processes.append(start_process(name, command, env, workdir, ready=READY[name]))
             except (RuntimeError, AssertionError) as exc:  # died at start, or never ready
@@ -233,6 +252,8 @@ def run_demo(redis_url: str, workdir: Path, *, shared: bool, metrics_port: int) 
                 keep_logs(workdir)
                 return 1
             say(f"started {name} (pid {processes[-1].pid}): {command}")
+            if name == "web":
+                say(f"the console: http://127.0.0.1:{web_port}/ (open it; it stops with the demo)")
         wait_until(lambda: app.control.ping(timeout=0.5), 30, "the worker to answer a ping")
         say(f"worker ready; submitting {len(TURNS)} turns")
         turns = {

@@ -32,7 +32,7 @@ class _ConsoleProvider:
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         last_user = max(i for i, m in enumerate(request.messages) if m.get("role") == "user")
-        tag, mode = (str(request.messages[last_user]["content"]).split() + [""])[:2]
+        tag, mode = [*str(request.messages[last_user]["content"]).split(), ""][:2]
         results = [m["content"] for m in request.messages[last_user:] if m.get("role") == "tool"]
         if results:
             return LLMResponse(content="done: " + " | ".join(str(r) for r in results))

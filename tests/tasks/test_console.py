@@ -81,7 +81,8 @@ def test_approve_from_the_page_and_see_it_succeed(console: Any, page: Page) -> N
     paused(result.id)
     sign_in(page, origin, f"/turns/{result.id}")
     expect_state(page, "paused")
-    expect(page.get_by_text("tool.started", exact=True)).to_have_count(1, timeout=LIVE_S)  # lookup ran
+    # The timeline replays what happened before the page opened: lookup ran, refund waits.
+    expect(page.get_by_text("tool.started", exact=True)).to_have_count(1, timeout=LIVE_S)
     mark_window(page)
     page.get_by_role("button", name="Approve").click()
     expect_state(page, "succeeded")
