@@ -3,13 +3,11 @@ metrics` (the Prometheus exporter) and `agentjobs demo`."""
 
 from __future__ import annotations
 
-import logging
-
 import click
 
 from tasks import demo as demo_process
 from tasks.cli.errors import Failure
-from tasks.core.redact import RedactingFilter
+from tasks.core.redact import log_redacted
 from tasks.operate.metrics import serve
 from tasks.queue.context import job_context
 from tasks.turn import pump as pump_process
@@ -33,9 +31,7 @@ def pump() -> None:
 )
 def metrics(port: int, host: str) -> None:
     """Serve Prometheus metrics at /metrics, read from the state store at each scrape."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(RedactingFilter())
+    log_redacted()
     ctx = job_context()
     try:
         serve(ctx, port=port, host=host)

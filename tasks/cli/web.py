@@ -21,8 +21,11 @@ _WEB_EXTRA = frozenset({"starlette", "uvicorn", "sse_starlette"})
     "--port", type=click.IntRange(0, 65535), default=8088, show_default=True, help="TCP port."
 )
 def web(host: str, port: int) -> None:
-    """Serve the console: GET /turns/TURN_ID/events streams a turn's events (Server-Sent
-    Events; ?tokens=1 adds the streamed text, Last-Event-ID resumes)."""
+    """Serve the console: the overview, turns, a turn's live page with its approvals and
+    cancel, the approvals, conversations and dead letters (each page also JSON with Accept:
+    application/json); GET /turns/TURN_ID/events streams a turn's events (Server-Sent Events;
+    ?tokens=1 adds the streamed text, Last-Event-ID resumes). Sign-in with
+    AGENTJOBS_WEB_TOKEN when set."""
     try:
         from tasks.web.server import serve
     except ModuleNotFoundError as missing:

@@ -70,3 +70,11 @@ class RedactingFilter(logging.Filter):
             record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
             record.exc_info = None
         return True
+
+
+def log_redacted() -> None:
+    """A process of ours (the pump, the exporters, the console) logs at INFO to stderr, every
+    line through RedactingFilter."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())

@@ -47,7 +47,7 @@ from kombu.exceptions import ChannelError
 
 from tasks.core.errors import DeadlineExceeded, PauseExpired, Reason
 from tasks.core.keys import Keys, ShardKeys
-from tasks.core.redact import RedactingFilter
+from tasks.core.redact import log_redacted
 from tasks.queue.app import app
 from tasks.queue.context import JobContext, job_context
 from tasks.queue.results import has_final_result, write_final_result
@@ -455,9 +455,7 @@ def run_pump(
 
 
 def main(*, probe: bool = True) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(RedactingFilter())
+    log_redacted()
     run_pump(probe=probe)
 
 

@@ -18,6 +18,7 @@ gets {"ok", "message"}; a plain form post is sent back to the page it came from.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +41,7 @@ from tasks.web.auth import Refused, caller, checked_post, local_target, wants_js
 from tasks.web.render import JSON, page
 
 Act = Callable[[Request, FormData, str], str]
+logger = logging.getLogger("agentjobs.web")
 
 
 def action(act: Act) -> Callable[[Request], Awaitable[Response]]:
@@ -49,7 +51,9 @@ def action(act: Act) -> Callable[[Request], Awaitable[Response]]:
     async def route(request: Request) -> Response:
         try:
             form = await checked_post(request)
-            message = await run_in_threadpool(act, request, form, caller(request).operator)
+            operator = caller(request).operator
+            message = await run_in_threadpool(act, request, form, operator)
+            logger.info("%s (%s by %s)", message, act.__name__, operator)
         except Refused as refused:
             return _answer(request, refused.reason, ok=False, status_code=refused.status)
         except ActionConflict as conflict:

@@ -14,10 +14,12 @@ Starlette's thread pool: each open stream holds one of its threads while it wait
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from importlib import resources
 
 import orjson
+from anyio import to_thread
 from redis.exceptions import RedisError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
@@ -73,9 +75,21 @@ def create_app(*, token: str = "") -> Starlette:
         Route("/dead-letters/{entry_id}/purge", actions.purge_entry, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
-    app = Starlette(routes=routes, middleware=middleware)
+    app = Starlette(routes=routes, middleware=middleware, lifespan=_lifespan)
     app.state.token = token
     return app
+
+
+# Each open event stream holds a thread of the pool while it waits for the next event (as
+# every blocking read here does while it runs): room for that many open turn pages beside the
+# page loads, where anyio's default is 40 threads in all.
+STREAM_THREADS = 200
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    to_thread.current_default_thread_limiter().total_tokens = STREAM_THREADS
+    yield
 
 
 async def turn_events(request: Request) -> Response:

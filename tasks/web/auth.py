@@ -6,10 +6,12 @@ name) or `Authorization: Bearer <token>`. A browser without either is sent to `/
 and event-stream requests get 401. Without a token (loopback only, tasks/web/server.py) every
 request is let in, and `/login` only records the operator's name.
 
-Every POST made with the session cookie must carry the session's CSRF token (a form field
-`csrf_token`, or the `X-CSRF-Token` header htmx sends) and, when the browser says where it comes
-from (Origin, else Referer), come from the console's own origin: a page elsewhere cannot act in
-an operator's name. A bearer request is not a browser's and needs neither.
+Every POST from a browser must carry the session's CSRF token (a form field `csrf_token`, or
+the `X-CSRF-Token` header htmx sends) and, when the browser says where it comes from (Origin,
+else Referer), come from the console's own origin: a page elsewhere cannot act in an
+operator's name, even on a console without a token. A bearer request is not a browser's and
+needs neither; without a token, neither does a request that carries none of a browser's
+headers (a script on the machine).
 """
 
 from __future__ import annotations
@@ -163,8 +165,18 @@ async def checked_post(request: Request) -> FormData:
         raise Refused(403, "refused: this request comes from another site")
     given = request.headers.get(CSRF_HEADER) or form.get(CSRF_FIELD)
     expected = request.session.get("csrf")
-    if not isinstance(given, str) or not isinstance(expected, str) or not expected:
-        raise Refused(403, "refused: the form has no valid CSRF token; reload the page")
-    if not hmac.compare_digest(given, expected):
-        raise Refused(403, "refused: the form has no valid CSRF token; reload the page")
-    return form
+    if isinstance(given, str) and isinstance(expected, str) and expected:
+        if hmac.compare_digest(given, expected):
+            return form
+    elif not request.app.state.token and not _from_a_browser(request.headers):
+        return form  # a script on this machine (no token to send): nothing a site could forge
+    raise Refused(403, "refused: the form has no valid CSRF token; reload the page")
+
+
+# What a browser sends with every POST (cookies, where it comes from, fetch metadata), and a
+# script such as curl does not: a forged cross-site request always carries some of them.
+_BROWSER_HEADERS = ("cookie", "origin", "referer", "sec-fetch-site")
+
+
+def _from_a_browser(headers: Headers) -> bool:
+    return any(name in headers for name in _BROWSER_HEADERS)

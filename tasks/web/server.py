@@ -11,6 +11,7 @@ import ipaddress
 
 import uvicorn
 
+from tasks.core.redact import log_redacted
 from tasks.core.settings import SettingsError
 from tasks.queue.context import job_context
 from tasks.web.app import create_app
@@ -39,4 +40,5 @@ def serve(host: str, port: int) -> None:
     """Run the console until stopped (SIGINT, SIGTERM)."""
     token = job_context().settings.web_token
     check_bind(host, token)
+    log_redacted()
     uvicorn.run(create_app(token=token), host=host, port=port, log_level="info")

@@ -23,6 +23,8 @@ from tasks.testing import wait_until
 from tests.tasks.console_agents import broken_key
 from tests.tasks.test_pauses import paused, runs
 from tests.tasks.test_pauses import submit as submit_person
+from tests.tasks.test_streaming import WIRE_FORMATS, chat_server, provider_env
+from tests.tasks.test_streaming import submit as submit_streamed
 from tests.tasks.test_web_events import serving
 
 pytestmark = pytest.mark.integration
@@ -289,3 +291,60 @@ def test_pages_list_and_answer_json(console: Any, page: Page) -> None:
     )
     assert approved.status_code == 200 and approved.json()["ok"] is True
     wait_until(lambda: state_of(result.id) is TurnState.SUCCEEDED, 20, "the approved turn")
+
+
+@pytest.fixture
+def streaming_console(make_jobs: Any) -> Iterator[str]:
+    """A worker whose agent streams its answer from a model server, and the console."""
+    with chat_server(WIRE_FORMATS["openai"]) as chat:
+        jobs = make_jobs(**provider_env(chat.origin))
+        jobs.worker()
+        with serving(token=TOKEN) as origin:
+            yield origin
+
+
+def test_the_timeline_shows_the_answer_as_it_streams(streaming_console: str, page: Page) -> None:
+    origin = streaming_console
+    result = submit_streamed("hello pieces:80 pause:0.05", f"c-{uuid.uuid4().hex[:8]}")
+    sign_in(page, origin, f"/turns/{result.id}")
+    streamed = page.get_by_label("Streamed text")
+    expect(streamed).to_contain_text("word1 ", timeout=LIVE_S)
+    # Seen while the turn still runs: the text arrives before the answer is stored.
+    assert state_of(result.id) is TurnState.RUNNING
+    expect_state(page, "succeeded")
+    reply = result.get(timeout=30)["content"]
+    expect(streamed).to_have_text(reply)
+    expect(page.get_by_text("token.delta", exact=True)).to_have_count(0)  # text, not rows
+
+
+def test_approvals_conversations_and_one_dead_letter(console: Any, page: Page) -> None:
+    origin, jobs = console
+    first, first_tag = submit_person("refund")
+    second, _ = submit_person("ask")
+    paused(first.id)
+    paused(second.id)
+    doomed = run_turn.delay(agent="broken", conversation_id="c-doomed", message="x").id
+    wait_until(lambda: state_of(doomed) is TurnState.DEAD_LETTERED, 20, "the dead letter")
+
+    sign_in(page, origin, "/approvals")
+    mark_window(page)
+    expect(page.get_by_role("button", name="Approve")).to_have_count(1)
+    expect(page.get_by_role("button", name="Answer")).to_have_count(1)
+    page.get_by_role("button", name="Approve").click()
+    expect(page.get_by_role("status")).to_contain_text("Approved")
+    assert_not_reloaded(page)
+    wait_until(lambda: state_of(first.id) is TurnState.SUCCEEDED, 20, "the approved turn")
+    assert runs(jobs, first_tag) == ["lookup A", "refund A"]
+
+    page.goto(f"{origin}/conversations/_/_/c-{first_tag}")
+    transcript = page.locator("ol.transcript > li")
+    expect(transcript.first).to_contain_text(f"{first_tag} refund")
+    expect(page.locator("ol.transcript")).to_contain_text("refunded A")
+
+    page.goto(f"{origin}/dead-letters")
+    mark_window(page)
+    page.get_by_role("button", name=f"Purge dl-{doomed}").click()
+    expect(page.get_by_role("status")).to_contain_text(f"Purged dl-{doomed}")
+    expect(page.get_by_text("No dead letters match.")).to_be_visible()
+    assert_not_reloaded(page)
+    assert job_context().dead_letters.list_entries() == []
