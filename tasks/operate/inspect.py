@@ -23,39 +23,13 @@ from tasks.core.errors import JobError, UnreadableRecord
 from tasks.core.keys import ShardKeys
 from tasks.core.namespaces import namespace_for
 from tasks.core.state_url import parse_state_url
+from tasks.operate.listing import INDEX_OF_STATE, LISTED_FIELDS
 from tasks.queue.context import JobContext
 from tasks.store.records import TurnRecord, TurnState
 
-# The record fields a listing needs: never the checkpoint, payload or result (they are large).
-_LISTED_FIELDS = (
-    "state",
-    "agent",
-    "conversation_id",
-    "namespace",
-    "attempt",
-    "deliveries",
-    "iteration",
-    "created_at_ms",
-    "updated_at_ms",
-    "finished_at_ms",
-    "due_at_ms",
-    "worker",
-    "last_error",
-    "dlq_id",
-    "reason",
-    "replay_of",
-    "replayed_as",
-)
 _PAGE = 500
 # A due retry the pump has not taken this many intervals later means no pump is running.
 OVERDUE_PUMP_INTERVALS = 5
-# Which shard index holds the unfinished turns of each state.
-_INDEX_OF_STATE = {
-    "queued": "pending",
-    "running": "running",
-    "waiting": "retries",
-    "paused": "pauses",
-}
 
 
 def summary_of(record: TurnRecord) -> dict[str, Any]:
@@ -92,11 +66,11 @@ def iter_turns(ctx: JobContext, unreadable: list[str] | None = None) -> Iterator
     for page in _pages(_turn_keys(ctx)):
         with ctx.redis.pipeline(transaction=False) as pipe:
             for key in page:
-                pipe.hmget(key, _LISTED_FIELDS)
+                pipe.hmget(key, LISTED_FIELDS)
             rows: list[Any] = pipe.execute()
         for key, values in zip(page, rows, strict=True):
             fields = {
-                name: value for name, value in zip(_LISTED_FIELDS, values, strict=True) if value
+                name: value for name, value in zip(LISTED_FIELDS, values, strict=True) if value
             }
             if "state" not in fields:  # gone (expired) since the scan saw it
                 continue
@@ -356,7 +330,7 @@ def stats(ctx: JobContext) -> dict[str, Any]:
     figures = live_stats(ctx)
     found: list[str] = []
     finished: Counter[str] = Counter(
-        str(r.state) for r in iter_turns(ctx, found) if str(r.state) not in _INDEX_OF_STATE
+        str(r.state) for r in iter_turns(ctx, found) if str(r.state) not in INDEX_OF_STATE
     )
     unreadable = unreadable_records(ctx, found)
     by_state = {str(s): 0 for s in TurnState}

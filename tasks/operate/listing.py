@@ -23,7 +23,7 @@ from tasks.core.namespaces import owner_of_namespace
 from tasks.queue.context import JobContext
 from tasks.store.records import TurnRecord, TurnState
 
-# Fields a listing reads of each record (never the payload, result or progress).
+# Fields a listing reads of each record (never the payload, result or progress: they are large).
 LISTED_FIELDS = (
     "state",
     "agent",
@@ -48,7 +48,7 @@ LISTED_FIELDS = (
     "pause_expires_at_ms",
 )
 # The shard index of each unfinished state.
-_INDEX_OF_STATE = {
+INDEX_OF_STATE = {
     TurnState.QUEUED: "pending",
     TurnState.RUNNING: "running",
     TurnState.WAITING: "retries",
@@ -108,7 +108,7 @@ def page_turns(
 ) -> TurnPage:
     """Up to `limit` turns matching `where`, newest first, older than the cursor `after`."""
     start = parse_cursor(after) if after else None
-    if where.state in _INDEX_OF_STATE:
+    if where.state in INDEX_OF_STATE:
         entries = _in_state(ctx, where, start)
     else:
         entries = _newest_first(ctx, _shards_of(ctx, where), start)
@@ -188,7 +188,7 @@ def _shard_walk(
 def _in_state(ctx: JobContext, where: TurnFilter, start: Position | None) -> Iterator[Entry]:
     """The turns of an unfinished state's index, newest submitted first."""
     assert where.state is not None
-    index = _INDEX_OF_STATE[where.state]
+    index = INDEX_OF_STATE[where.state]
     shards = _shards_of(ctx, where)
     with ctx.redis.pipeline(transaction=False) as pipe:
         for shard in shards:

@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tasks.core.errors import Reason
 from tasks.queue.context import job_context
 from tasks.store.records import TurnState
 from tasks.web import views
@@ -127,7 +128,8 @@ async def dead_letters(request: Request) -> Response:
     rows = [views.entry_row(entry) for entry in entries]
     if wants_json(request.headers):
         return JSON({"entries": rows})
-    return page(request, "dead_letters.html", {"query": query, "rows": rows})
+    reasons = [str(reason) for reason in Reason]
+    return page(request, "dead_letters.html", {"query": query, "rows": rows, "reasons": reasons})
 
 
 async def dead_letters_bulk(request: Request) -> Response:

@@ -48,10 +48,34 @@ def overview(ctx: JobContext) -> dict[str, Any]:
         totals["outputTokens"] += row.output_tokens
     return {
         **figures,
+        "workerBeats": worker_beats(ctx, figures["serverTimeMs"]),
         "state": state_store(ctx, state_lost_turns=lost),
         "budgets": budgets,
         "usageLastDay": [{"tenant": t, **n} for t, n in sorted(tenants.items())],
     }
+
+
+def worker_beats(ctx: JobContext, now_ms: int) -> list[dict[str, Any]]:
+    """Each worker with a heartbeat on record: its name, how long ago it beat, its slots, and
+    whether that is within a lease lifetime (alive)."""
+    raw: dict[bytes, bytes] = ctx.redis.hgetall(ctx.keys.workers)  # type: ignore[assignment]
+    lifetime_ms = int(ctx.settings.lease_ttl_s * 1000)
+    beats = []
+    for name, value in sorted(raw.items()):
+        try:
+            beat = orjson.loads(value)
+            at = int(beat["at"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue  # the pump removes an unreadable heartbeat
+        beats.append(
+            {
+                "worker": name.decode(errors="replace"),
+                "lastBeatAgeS": max(0, now_ms - at) / 1000,
+                "slots": beat.get("slots"),
+                "alive": at > now_ms - lifetime_ms,
+            }
+        )
+    return beats
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ import httpx
 import pytest
 
 from tasks import run_turn, turn_status
+from tasks.budgets.usage import BUCKET_MS, SEP
+from tasks.core.limits import LimitKind
+from tasks.queue.context import job_context
 from tasks.store.records import TurnState
 from tests.tasks.test_web_events import serving
 
@@ -167,3 +170,25 @@ def test_bad_values_are_refused_by_name(open_console: str) -> None:
     assert post("/dead-letters/dl-nothing/purge").status_code == 404
     assert post("/dead-letters/dl-nothing/replay").status_code == 409
     assert state_of(turn_id) is TurnState.QUEUED  # nothing above touched it
+
+
+def test_the_overview_shows_budgets_in_use_and_tokens_by_tenant(make_jobs: Any) -> None:
+    jobs = make_jobs(AGENTJOBS_BUDGETS="fake:m1=requests:5/60s,tokens:1000/60s")
+    ctx = job_context()
+    budget = ctx.settings.budgets.budgets[0]
+    needs = {LimitKind.REQUESTS: 1, LimitKind.TOKENS: 300}
+    assert ctx.ledger.reserve(budget, "t-1:tok:1", "t-1", needs).admission == "reserved"
+    assert ctx.ledger.settle(budget, "t-1:tok:1", {LimitKind.TOKENS: 120})
+    assert ctx.ledger.reserve(budget, "t-2:tok:1", "t-2", needs).admission == "reserved"
+    bucket = ctx.records.server_time_ms() // BUCKET_MS
+    usage_key = ctx.keys.shard(3).usage(bucket)
+    jobs.redis.hset(usage_key, SEP.join(["acme", "demo", "m1", "in"]), 700)
+    jobs.redis.hset(usage_key, SEP.join(["acme", "demo", "m1", "out"]), 42)
+    with serving() as origin:
+        figures = httpx.get(origin, headers=JSON).json()
+        page = html.unescape(httpx.get(origin, headers=HTML).text)
+    limits = {limit["label"]: limit for limit in figures["budgets"][0]["limits"]}
+    assert limits["requests:5/1m"]["used"] == 2  # one settled in the window, one held
+    assert limits["tokens:1000/1m"]["used"] == 120 + 300
+    assert figures["usageLastDay"] == [{"tenant": "acme", "inputTokens": 700, "outputTokens": 42}]
+    assert "fake:m1" in page and "420 / 1000" in page and "acme" in page
