@@ -52,7 +52,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench import soak_agent as sa  # noqa: E402
 from bench import soak_checks as checks  # noqa: E402
+from bench import soak_mixed as mixed  # noqa: E402
 from bench.soak_checks import TERMINAL, Finding, PlannedTurn, Turn  # noqa: E402
+from bench.soak_mixed import Extras  # noqa: E402
 from tasks.core.keys import Keys  # noqa: E402
 from tasks.testing import (  # noqa: E402
     Process,
@@ -101,15 +103,40 @@ CHAOS_LATEST_S = 5.0
 # --- the plan --------------------------------------------------------------------------------
 
 
-def make_plan(seed: int, turns: int, conversations: int) -> list[PlannedTurn]:
+def make_plan(
+    seed: int, turns: int, conversations: int, mixed_run: bool = False
+) -> list[PlannedTurn]:
     """Turn n goes to conversation n % conversations, so each conversation's turns interleave
-    with the others' in submission order; 1% are refused with 401, chosen by the seed."""
+    with the others' in submission order; 1% are refused with 401, chosen by the seed. A mixed
+    run adds tenants, the turns to cancel and the hung ones (bench/soak_mixed.py)."""
     rng = random.Random(seed)
     refused = set(rng.sample(range(turns), max(1, round(turns * REFUSED_SHARE))))
-    return [
+    plan = [
         PlannedTurn(n, f"c{n % conversations:03d}", rng.choice((1, 2)), n in refused)
         for n in range(turns)
     ]
+    return mixed.mixed_plan(rng, plan) if mixed_run else plan
+
+
+# The mixed run's chaos, shuffled by the seed: 20 worker kills, 3 Redis restarts, 2 deploys
+# (each worker stopped with SIGTERM, so it hands its turns over, and started again). The run
+# uses a single Redis, so a Sentinel failover is stood in for by the restarts (persistence on).
+MIXED_KILLS = 20
+MIXED_RESTARTS = 3
+MIXED_DEPLOYS = 2
+
+
+def mixed_chaos(seed: int, turns: int) -> list[tuple[int, str, str]]:
+    """The events of a mixed run of `turns` turns: the full set at 10,000, fewer in a smaller
+    run (a kill per 500 turns, at least two, and one restart and one deploy)."""
+    rng = random.Random(seed + 1)
+    kills = min(MIXED_KILLS, max(2, turns // 500))
+    restarts = min(MIXED_RESTARTS, max(1, turns // 3000))
+    deploys = min(MIXED_DEPLOYS, max(1, turns // 5000))
+    events = [("kill", WORKERS[i % len(WORKERS)]) for i in range(kills)]
+    events += [("redis", "")] * restarts + [("deploy", "")] * deploys
+    rng.shuffle(events)
+    return [(wave + 1, kind, name) for wave, (kind, name) in enumerate(events)]
 
 
 @dataclass(frozen=True)
@@ -358,6 +385,29 @@ def kill_event(
     return ChaosEvent(f"kill {name}", killed_at - since, in_flight, len(after), recovery)
 
 
+def deploy_event(
+    cluster: Cluster, observer: Observer, since: float, pool: ThreadPoolExecutor
+) -> ChaosEvent:
+    """A deploy: each worker in turn stopped with SIGTERM (it hands its turns over at their
+    next check point and exits) and started again."""
+    started_at = time.monotonic()
+    in_flight: set[tuple[str, int]] = set()
+    affected = 0
+    stuck: dict[str, str] = {}
+    for name in WORKERS:
+        before = observer.running(f"{name}@")
+        stopping = cluster.workers.pop(name)
+        stopping.stop()
+        cluster.others.append(stopping)
+        after = observer.running(f"{name}@")
+        stuck.update({task_id: f.token for task_id, f in after.items()})
+        in_flight |= rounds_of(before) | rounds_of(after)
+        affected += len(before)
+        cluster.start_worker(name)
+    recovery = pool.submit(watch_recovery, observer, stuck, started_at)
+    return ChaosEvent("deploy", started_at - since, in_flight, affected, recovery)
+
+
 def redis_event(cluster: Cluster, observer: Observer, since: float) -> ChaosEvent:
     before = observer.running()
     stopped_at = time.monotonic()
@@ -391,6 +441,7 @@ class Driver:
     events: list[ChaosEvent] = field(default_factory=list)
     # Running turns that make an event due: a worker runs at most min(conversations, threads).
     enough_running: int = CHAOS_RUNNING
+    extras: Extras | None = None  # the mixed run's actors
 
     def wave_due(self, now: float) -> bool:
         return bool(self.waves) and (
@@ -404,10 +455,16 @@ class Driver:
         if now >= self.submitted_at[wave] + CHAOS_LATEST_S:
             return True
         running = self.observer.running(f"{name}@" if kind == "kill" else "")
+        if kind == "deploy":
+            return len(running) >= self.enough_running
         return len(running) >= self.enough_running
 
     def submit_wave(self, now: float) -> None:
-        self.observer.add(submit(self.waves.pop(0)))
+        wave = self.waves.pop(0)
+        submitted = submit(wave)
+        self.observer.add(submitted)
+        if self.extras is not None:
+            self.extras.submitted(wave, [task_id for task_id, _ in submitted])
         self.submitted_at.append(time.monotonic())
         print(f"  {now - self.since:6.1f} s  submitted wave {len(self.submitted_at)}", flush=True)
 
@@ -415,6 +472,8 @@ class Driver:
         _, kind, name = self.schedule.pop(0)
         if kind == "kill":
             event = kill_event(self.cluster, self.observer, name, self.since, self.pool)
+        elif kind == "deploy":
+            event = deploy_event(self.cluster, self.observer, self.since, self.pool)
         else:
             event = redis_event(self.cluster, self.observer, self.since)
         print(f"  {event.at_s:6.1f} s  {event.label}: {len(event.in_flight)} rounds in flight")
@@ -427,12 +486,21 @@ class Driver:
 
 
 def drive(
-    cluster: Cluster, observer: Observer, plan: list[PlannedTurn], since: float, timeout_s: float
+    cluster: Cluster,
+    observer: Observer,
+    plan: list[PlannedTurn],
+    since: float,
+    timeout_s: float,
+    schedule: list[tuple[int, str, str]] | None = None,
+    extras: Extras | None = None,
 ) -> tuple[list[ChaosEvent], list[str]]:
     """Returns the chaos events and the problems (events that never happened, turns still
     open at the deadline)."""
-    with ThreadPoolExecutor(max_workers=len(CHAOS)) as pool:
-        driver = Driver(cluster, observer, since, pool, split_waves(plan, WAVES))
+    schedule = list(CHAOS) if schedule is None else schedule
+    waves = WAVES if schedule == list(CHAOS) else len(schedule) + 1
+    with ThreadPoolExecutor(max_workers=len(schedule)) as pool:
+        driver = Driver(cluster, observer, since, pool, split_waves(plan, waves), schedule)
+        driver.extras = extras
         conversations = len({p.conversation for p in plan})
         driver.enough_running = max(1, min(CHAOS_RUNNING, conversations // 4))
         progress_at = since
@@ -444,6 +512,8 @@ def drive(
             elif driver.event_due(now):
                 driver.run_event()
             else:
+                if extras is not None:
+                    extras.sample(observer)
                 if now - progress_at >= 10:
                     print(f"  {now - since:6.1f} s  {observer.states()}", flush=True)
                     progress_at = now
@@ -460,11 +530,12 @@ def drive(
 # --- the run ---------------------------------------------------------------------------------
 
 
-def soak_env(redis_url: str, seed: int, keys: Secrets) -> dict[str, str]:
+def soak_env(redis_url: str, seed: int, keys: Secrets, mixed_run: bool = False) -> dict[str, str]:
     return job_env(
         redis_url,
         AGENTS,
         **SETTINGS,
+        **(mixed.SETTINGS if mixed_run else {}),
         **{sa.SEED_VARIABLE: str(seed)},
         OPENAI_API_KEY=keys.api_key,
         OPENAI_BASE_URL=keys.base_url,
@@ -486,13 +557,17 @@ def submit(plan: list[PlannedTurn]) -> list[tuple[str, str]]:
     from tasks import run_turn
     from tasks.core.namespaces import namespace_for
 
-    return [
-        (
-            run_turn.delay(agent="soak", conversation_id=p.conversation, message=p.message).id,
-            namespace_for(p.conversation, None),
-        )
-        for p in plan
-    ]
+    submitted = []
+    for p in plan:
+        kwargs: dict[str, Any] = {"agent": "soak", "conversation_id": p.conversation}
+        kwargs["message"] = p.message
+        if p.identity is not None:
+            kwargs["identity"] = p.identity
+        if p.hang:
+            kwargs["deadline_s"] = mixed.HANG_DEADLINE_S
+        task_id = run_turn.delay(**kwargs).id
+        submitted.append((task_id, namespace_for(p.conversation, p.identity)))
+    return submitted
 
 
 def wait_for_results(task_ids: list[str]) -> None:
@@ -527,7 +602,11 @@ def in_flight_by_round(
 
 
 def examine(
-    cluster: Cluster, observer: Observer, plan: list[PlannedTurn], events: list[ChaosEvent]
+    cluster: Cluster,
+    observer: Observer,
+    plan: list[PlannedTurn],
+    events: list[ChaosEvent],
+    extras: Extras | None = None,
 ) -> Outcome:
     from tasks import app, load_conversation
     from tasks.queue.context import job_context
@@ -554,8 +633,9 @@ def examine(
         event.repeated = sum(
             1 for task_id, r in event.in_flight if effects.get((number_of[task_id], r), 0) > 1
         )
+    cancelled = extras.canceller.cancelled if extras is not None else set()
     findings = [
-        checks.check_outcomes(turns, logs),
+        checks.check_outcomes(turns, logs, cancelled),
         checks.check_results(turns, app, result_texts),
         histories,
         side_effects,
@@ -568,7 +648,46 @@ def examine(
         checks.check_secrets(keys.swept, ctx.redis, entries, result_texts, cluster.swept_files())
     )
     rows = table_rows(turns, events, repeats, len(unknown), len(cluster.exits), ctx)
+    if extras is not None:
+        findings += mixed_findings(extras, observer, ctx, rows)
+        rows += mixed.latency_rows(turns)
     return Outcome(findings, rows)
+
+
+def mixed_findings(
+    extras: Extras, observer: Observer, ctx: Any, rows: list[tuple[str, str]]
+) -> list[Finding]:
+    """The mixed run's checks, and its figures added to `rows`."""
+    budget, figures = mixed.check_budget(mixed.read_calls(ctx.redis, ctx.keys.prefix))
+
+    def events_key(task_id: str) -> str:
+        return ctx.keys.for_namespace(observer.namespaces[task_id]).events(task_id)
+
+    answers = extras.canceller.answers
+    rows += [
+        *figures.items(),
+        ("cancels asked / done", f"{len(answers)} / {len(extras.canceller.cancelled)}"),
+        (
+            "stream readers: turns followed / visits",
+            f"{len(extras.readers.seen)} / {extras.readers.resumes}",
+        ),
+        (
+            "bad requests refused",
+            ", ".join(f"{k}: {n}" for k, n in sorted(extras.inputs.refused.items())),
+        ),
+        ("unreadable messages sent", str(extras.inputs.bad_messages_sent)),
+        (
+            "most running at once per tenant",
+            ", ".join(f"{t}: {n}" for t, n in sorted(extras.caps.most.items())),
+        ),
+        ("Redis memory peak (sampled)", f"{extras.memory_peak / 2**20:.1f} MiB"),
+    ]
+    return [
+        budget,
+        mixed.check_caps(extras.caps),
+        mixed.check_streams(extras.readers, ctx.redis, events_key),
+        mixed.check_bad_inputs(extras.inputs, ctx),
+    ]
 
 
 def check_chaos(events: list[ChaosEvent]) -> Finding:
@@ -662,23 +781,41 @@ def report(outcome: Outcome, seed: int, wall_s: float) -> bool:
 
 def run(args: argparse.Namespace, workdir: Path) -> bool:
     started = time.monotonic()
-    plan = make_plan(args.seed, args.turns, args.conversations)
-    print(f"soak seed {args.seed}: {args.turns} turns over {args.conversations} conversations")
+    plan = make_plan(args.seed, args.turns, args.conversations, args.mixed)
+    kind = "mixed soak" if args.mixed else "soak"
+    print(f"{kind} seed {args.seed}: {args.turns} turns over {args.conversations} conversations")
     print(f"workdir {workdir}")
     server = RedisServer(workdir / "redis", appendonly=True).start()
-    cluster = Cluster(server, soak_env(server.url, args.seed, Secrets.fresh()), workdir / "logs")
+    env = soak_env(server.url, args.seed, Secrets.fresh(), args.mixed)
+    cluster = Cluster(server, env, workdir / "logs")
+    extras = Extras.for_seed(args.seed) if args.mixed else None
+    schedule = mixed_chaos(args.seed, args.turns) if args.mixed else None
     try:
         configure_client(cluster.env, server.url)
         cluster.start()
         from tasks.queue.context import job_context
 
         observer = Observer(job_context().redis, job_context().keys, [])
-        events, problems = drive(cluster, observer, plan, started, args.timeout_s)
+        if extras is not None:
+            extras.start()
+        events, problems = drive(cluster, observer, plan, started, args.timeout_s, schedule, extras)
+        ran_s = time.monotonic() - started
+        if extras is not None:
+            extras.stop()
         wait_for_results(observer.task_ids)
+        shared = [*cluster.workers.values(), *([cluster.pump] if cluster.pump else [])]
+        dead = [p.name for p in shared if not p.alive()]
         cluster.stop()
-        outcome = examine(cluster, observer, plan, events)
+        outcome = examine(cluster, observer, plan, events, extras)
         outcome.findings.insert(0, Finding("the run finished", problems))
+        outcome.findings.append(
+            Finding("every shared process alive at the end", [f"{n} was not" for n in dead])
+        )
+        rate = f"{len(observer.task_ids) / ran_s:.1f} over {ran_s:.0f} s"
+        outcome.rows.insert(1, ("turns per second (submission to the last end)", rate))
     finally:
+        if extras is not None:
+            extras.stop()
         cluster.stop()
         server.stop()
     return report(outcome, args.seed, time.monotonic() - started)
@@ -687,12 +824,22 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--turns", type=int, default=500)
-    parser.add_argument("--conversations", type=int, default=50)
-    parser.add_argument("--timeout-s", type=float, default=600.0, help="for the whole run")
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="everything at once (bench/soak_mixed.py): 10,000 turns of 3 tenants by default",
+    )
+    parser.add_argument("--turns", type=int, default=None, help="500; 10,000 mixed")
+    parser.add_argument("--conversations", type=int, default=None, help="50; 1,000 mixed")
+    parser.add_argument("--timeout-s", type=float, default=None, help="600 s; 3,600 s mixed")
     parser.add_argument("--workdir", type=Path, help="logs and Redis data (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir after a pass")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    defaults = (10_000, 1_000, 3_600.0) if args.mixed else (500, 50, 600.0)
+    for name, default in zip(("turns", "conversations", "timeout_s"), defaults, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,11 @@ execution in Redis (the side effect), then waits up to TOOL_LATENCY_MAX_S: recor
 start is also logged with the idempotency key and attempt it saw, and whether it returned.
 Call numbers, side effects and starts are kept in Redis, so they survive kills and resumes.
 
+The mixed soak (bench/soak.py --mixed) adds ` hang=1` for a turn whose first tool call hangs
+for HANG_S (the turn has a deadline shorter than that), reads the retry-after of a 429 from
+SOAK_RETRY_AFTER_S, and has every answered call reported with USAGE tokens and logged, with
+its time, under calls_log_key: the provider's own record of what the shared budget admitted.
+
 The error texts quote the API key and the endpoint URL, as a careless gateway's do: the job
 system must redact them before storing or logging anything.
 """
@@ -51,19 +56,28 @@ TOOL_LATENCY_MAX_S = 0.2
 # the soak injects gateway faults only, never faults of its own bookkeeping.
 REDIS_PATIENCE_S = 60.0
 SEED_VARIABLE = "SOAK_SEED"
+RETRY_AFTER_VARIABLE = "SOAK_RETRY_AFTER_S"
+HANG_S = 12.0
+# What each answered call reports as its usage (the budget settles with it).
+USAGE = {"inputTokens": 40, "outputTokens": 10}
 TOOL_NAME = "record_effect"
 UNSAFE_TOOL_NAME = "record_unsafe_effect"
 
 _TURN = re.compile(r"\bsoak turn (\d+)\b")
 _ROUNDS = re.compile(r"\brounds=(\d+)\b")
 _REFUSED = " fail=401"
+_HANG = " hang=1"
 
 T = TypeVar("T")
 
 
-def soak_message(turn: int, conversation: str, rounds: int, refused: bool) -> str:
-    return f"soak turn {turn} conversation {conversation} rounds={rounds}" + (
-        _REFUSED if refused else ""
+def soak_message(
+    turn: int, conversation: str, rounds: int, refused: bool, hang: bool = False
+) -> str:
+    return (
+        f"soak turn {turn} conversation {conversation} rounds={rounds}"
+        + (_HANG if hang else "")
+        + (_REFUSED if refused else "")
     )
 
 
@@ -103,6 +117,12 @@ def starts_key(prefix: str) -> str:
     """List of JSON {turn, round, key, attempt} per start of a tool call, and {turn, round,
     attempt, returned: true} when that start returned."""
     return f"{prefix}:soak:starts"
+
+
+def calls_log_key(prefix: str) -> str:
+    """List of JSON [epoch ms, tokens] per model call the gateway answered or refused (a
+    refused call counts as a request of 0 tokens): what a shared budget let through."""
+    return f"{prefix}:soak:calls-log"
 
 
 def faults_key(prefix: str) -> str:
@@ -168,14 +188,19 @@ class FaultyGatewayProvider:
         rounds_done = sum(1 for m in request.messages[index + 1 :] if m.get("role") == "tool")
         status = 401 if text.endswith(_REFUSED) and rounds_done >= 1 else None
         status = status or fault_for(self.seed, turn, call)
+        tokens = 0 if status is not None else USAGE["inputTokens"] + USAGE["outputTokens"]
+        entry = orjson.dumps([int(time.time() * 1000), tokens])
+        patiently(lambda: context.redis.rpush(calls_log_key(context.keys.prefix), entry))
         if status is not None:
             self._refuse(status)
         if rounds_done < _number(_ROUNDS, text):
             round_ = rounds_done + 1
-            args = {"turn": turn, "round": round_}
+            args: dict[str, Any] = {"turn": turn, "round": round_}
+            if _HANG in text:
+                args["hang"] = True
             asked = ToolCall(tool_call_id(turn, round_), tool_name_for(turn), args)
-            return LLMResponse(tool_calls=[asked])
-        return LLMResponse(content=answer_for(turn))
+            return LLMResponse(tool_calls=[asked], usage=USAGE)
+        return LLMResponse(content=answer_for(turn), usage=USAGE)
 
     def _refuse(self, status: int) -> None:
         context = job_context()
@@ -185,11 +210,13 @@ class FaultyGatewayProvider:
         raise ProviderHTTPError(
             f"gateway {url}/chat/completions answered HTTP {status} for api key {key}",
             status=status,
-            retry_after_s=RETRY_AFTER_S if status == 429 else None,
+            retry_after_s=float(os.environ.get(RETRY_AFTER_VARIABLE) or RETRY_AFTER_S)
+            if status == 429
+            else None,
         )
 
 
-def _record(turn: int, round_: int, ctx: ToolContext) -> dict[str, Any]:
+def _record(turn: int, round_: int, ctx: ToolContext, hang: bool = False) -> dict[str, Any]:
     context = job_context()
     prefix = context.keys.prefix
     start = {"turn": turn, "round": round_, "key": ctx.idempotency_key, "attempt": ctx.attempt}
@@ -197,15 +224,15 @@ def _record(turn: int, round_: int, ctx: ToolContext) -> dict[str, Any]:
     field = f"{turn}:{round_}"
     done = patiently(lambda: context.redis.hincrby(effects_key(prefix), field, 1))
     seed = int(os.environ.get(SEED_VARIABLE, "0"))
-    time.sleep(unit_hash(seed, turn, round_, done, "tool") * TOOL_LATENCY_MAX_S)
+    time.sleep(HANG_S if hang else unit_hash(seed, turn, round_, done, "tool") * TOOL_LATENCY_MAX_S)
     returned = {"turn": turn, "round": round_, "attempt": ctx.attempt, "returned": True}
     patiently(lambda: context.redis.rpush(starts_key(prefix), orjson.dumps(returned)))
     return effect_result(turn, round_)
 
 
 @tool(name=TOOL_NAME, description="Record that round `round` of turn `turn` ran (counted).")
-def record_effect(turn: int, round: int, ctx: ToolContext) -> dict[str, Any]:
-    return _record(turn, round, ctx)
+def record_effect(turn: int, round: int, ctx: ToolContext, hang: bool = False) -> dict[str, Any]:
+    return _record(turn, round, ctx, hang)
 
 
 @tool(
@@ -213,8 +240,10 @@ def record_effect(turn: int, round: int, ctx: ToolContext) -> dict[str, Any]:
     description="Record that round `round` of turn `turn` ran; must never run twice.",
     effect="unsafe",
 )
-def record_unsafe_effect(turn: int, round: int, ctx: ToolContext) -> dict[str, Any]:
-    return _record(turn, round, ctx)
+def record_unsafe_effect(
+    turn: int, round: int, ctx: ToolContext, hang: bool = False
+) -> dict[str, Any]:
+    return _record(turn, round, ctx, hang)
 
 
 def build_soak_agent() -> Agent:

@@ -20,10 +20,10 @@ import redis
 from agent import OUTCOME_UNKNOWN, AgentRunCheckpoint
 from agent.journal import outcome_unknown_text
 from bench import soak_agent as sa
-from tasks.core.errors import TurnDeadLettered
+from tasks.core.errors import TurnCancelled, TurnDeadLettered
 from tasks.testing import redis_blob
 
-TERMINAL = ("succeeded", "dead_lettered")
+TERMINAL = ("succeeded", "dead_lettered", "cancelled")
 _LOGGED_END = re.compile(r"\[([0-9a-f-]{36})\] (succeeded in|raised expected: TurnDeadLettered)")
 
 
@@ -33,10 +33,19 @@ class PlannedTurn:
     conversation: str
     rounds: int
     refused: bool
+    # The mixed soak's: the turn's tenant ("" for none), whether the canceller goes for it,
+    # whether its first tool call hangs past its deadline.
+    tenant: str = ""
+    cancel: bool = False
+    hang: bool = False
 
     @property
     def message(self) -> str:
-        return sa.soak_message(self.number, self.conversation, self.rounds, self.refused)
+        return sa.soak_message(self.number, self.conversation, self.rounds, self.refused, self.hang)
+
+    @property
+    def identity(self) -> dict[str, str] | None:
+        return {"tenant": self.tenant} if self.tenant else None
 
 
 @dataclass(frozen=True)
@@ -91,16 +100,31 @@ def logged_ends(logs: Iterable[str]) -> dict[str, Counter[str]]:
     return ends
 
 
-def check_outcomes(turns: list[Turn], logs: list[str]) -> Finding:
+def check_outcomes(turns: list[Turn], logs: list[str], cancelled: Iterable[str] = ()) -> Finding:
+    """`cancelled`: the task ids cancel_turn reported as cancelled (the only ones that may,
+    and must, end cancelled)."""
     finding = Finding("every turn ended exactly once, as expected")
     ends = logged_ends(logs)
+    cancelled = set(cancelled)
     for turn in turns:
         state, reason = turn.state, turn.field("reason")
+        if (state == "cancelled") != (turn.task_id in cancelled):
+            said = "cancelled" if turn.task_id in cancelled else "not cancelled"
+            finding.fail(f"cancel_turn said {said}: {record_evidence(turn)}")
         if state not in TERMINAL:
             finding.fail(f"not ended: {record_evidence(turn)}")
+        elif state == "cancelled":
+            pass
+        elif turn.plan.hang and (state, reason) != ("dead_lettered", "deadline_exceeded"):
+            finding.fail(f"a hung turn did not end deadline_exceeded: {record_evidence(turn)}")
         elif turn.plan.refused and (state, reason) != ("dead_lettered", "non_resumable"):
             finding.fail(f"a 401 turn did not end non_resumable: {record_evidence(turn)}")
-        elif not turn.plan.refused and state == "dead_lettered" and reason != "max_attempts":
+        elif (
+            not turn.plan.refused
+            and not turn.plan.hang
+            and state == "dead_lettered"
+            and reason != "max_attempts"
+        ):
             finding.fail(f"dead-lettered for an unexpected reason: {record_evidence(turn)}")
         if state in TERMINAL and not turn.field("finished_at_ms"):
             finding.fail(f"ended without finished_at_ms: {record_evidence(turn)}")
@@ -140,6 +164,9 @@ def check_results(turns: list[Turn], app: Any, texts: list[str]) -> Finding:
                     f"{record_evidence(turn)}: result {state} {short(repr(value))}, "
                     f"record says {short(expected)}"
                 )
+        elif turn.state == "cancelled":
+            if state != "REVOKED" and not isinstance(value, TurnCancelled):
+                finding.fail(f"{record_evidence(turn)}: result {state} {short(repr(value))}")
         elif turn.state == "dead_lettered":
             ok = (
                 isinstance(value, TurnDeadLettered)
@@ -204,7 +231,7 @@ def check_histories(
     load: Any,
     may_be_unknown: Iterable[tuple[int, int]] = (),
 ) -> tuple[Finding, set[tuple[int, int]]]:
-    """`load(conversation_id)` -> AgentRunCheckpoint | None (tasks.load_conversation).
+    """`load(conversation_id, identity)` -> AgentRunCheckpoint | None (tasks.load_conversation).
     `may_be_unknown`: the unsafe rounds in flight at a chaos event, the only ones whose tool
     message may say `[outcome unknown]`. Returns the finding and those that do."""
     finding = Finding("stored conversations are exactly their succeeded turns, in order")
@@ -215,7 +242,7 @@ def check_histories(
         by_conversation.setdefault(turn.plan.conversation, []).append(turn)
     for conversation, members in sorted(by_conversation.items()):
         succeeded = [t.plan for t in members if t.state == "succeeded"]
-        stored = load(conversation)
+        stored = load(conversation, members[0].plan.identity)
         got = list(stored.history) if stored is not None else []
         said_unknown = unknown_rounds(got) & allowed
         unknown |= said_unknown
@@ -373,6 +400,8 @@ def check_dead_letters(
     turns: list[Turn], entries: list[dict[str, Any]], max_attempts: int
 ) -> Finding:
     finding = Finding("dead letters are exactly the 401 turns and the exhausted ones")
+    if any(t.plan.hang for t in turns):
+        finding.name = "dead letters are exactly the 401, the hung and the exhausted turns"
     by_task = Counter(str(e.get("taskId")) for e in entries)
     for task_id, count in by_task.items():
         if count > 1:
@@ -397,7 +426,10 @@ def entry_problems(turn: Turn, entry: dict[str, Any], max_attempts: int) -> list
     error = str(entry.get("error", ""))
     if entry.get("id") != turn.field("dlq_id") or entry.get("reason") != turn.field("reason"):
         problems.append(f"entry {entry.get('id')} ({entry.get('reason')}) != {where}")
-    if turn.plan.refused:
+    if turn.plan.hang:
+        if entry.get("reason") != "deadline_exceeded":
+            problems.append(f"a hung turn's entry is {entry.get('reason')}: {where}")
+    elif turn.plan.refused:
         if "HTTP 401" not in error or entry.get("errorType") != "ProviderHTTPError":
             problems.append(f"401 turn's entry error {short(error)}: {where}")
     else:
@@ -406,7 +438,9 @@ def entry_problems(turn: Turn, entry: dict[str, Any], max_attempts: int) -> list
         for what, text in (("entry error", error), ("last_error", turn.field("last_error"))):
             if "HTTP 503" not in text and "HTTP 429" not in text:
                 problems.append(f"{what} is not a 503/429: {short(text)}: {where}")
-    problems += checkpoint_problems(turn, entry.get("checkpoint"))
+    # A hung turn may have ended before any of its iterations was persisted: nothing to resume.
+    if not (turn.plan.hang and entry.get("checkpoint") is None):
+        problems += checkpoint_problems(turn, entry.get("checkpoint"))
     return problems
 
 

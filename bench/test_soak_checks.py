@@ -53,21 +53,21 @@ def stored(history: list[dict[str, Any]]) -> Any:
 def test_histories_must_hold_each_succeeded_turn_once_in_order() -> None:
     first, second = turn(1), turn(2, rounds=2)
     good = expected_history([first.plan, second.plan])
-    assert check_histories([first, second], lambda _: stored(good))[0].problems == []
+    assert check_histories([first, second], lambda *_: stored(good))[0].problems == []
     twice = good + expected_history([second.plan])
-    assert check_histories([first, second], lambda _: stored(twice))[0].problems
+    assert check_histories([first, second], lambda *_: stored(twice))[0].problems
     swapped = expected_history([second.plan, first.plan])
-    assert check_histories([first, second], lambda _: stored(swapped))[0].problems
+    assert check_histories([first, second], lambda *_: stored(swapped))[0].problems
     dead = turn(2, state="dead_lettered", rounds=2)
-    assert check_histories([first, dead], lambda _: stored(good))[0].problems
+    assert check_histories([first, dead], lambda *_: stored(good))[0].problems
 
 
 def test_outcome_unknown_is_accepted_only_for_an_unsafe_round_in_flight() -> None:
     unsafe = turn(3, rounds=2)  # every third turn's tool is unsafe
     said = expected_history([unsafe.plan], unknown=[(3, 2)])
-    finding, unknown = check_histories([unsafe], lambda _: stored(said), [(3, 2)])
+    finding, unknown = check_histories([unsafe], lambda *_: stored(said), [(3, 2)])
     assert (finding.problems, unknown) == ([], {(3, 2)})
-    finding, _ = check_histories([unsafe], lambda _: stored(said), [])
+    finding, _ = check_histories([unsafe], lambda *_: stored(said), [])
     assert finding.problems, "[outcome unknown] for a round that was not in flight must fail"
 
 

@@ -202,6 +202,9 @@ class ClaimStatus(StrEnum):
     PAUSED = "paused"  # waiting for a person's decision
     NOT_DUE = "not_due"  # waiting out its backoff
     NOT_HEAD = "not_head"  # an earlier turn of the conversation is unfinished
+    # Its tenant is at its running cap (AGENTJOBS_TENANT_MAX_RUNNING): held for the fairness
+    # gate, which publishes it again when a place frees.
+    CAPPED = "capped"
     BUSY = "busy"  # another delivery holds the conversation lease
 
 

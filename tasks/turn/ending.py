@@ -532,6 +532,7 @@ def repair(ctx: JobContext, record: TurnRecord) -> None:
 _NOT_RUN = {
     ClaimStatus.NOT_HEAD: "queued behind an earlier turn of its conversation",
     ClaimStatus.NOT_DUE: "waiting: its next attempt is not due yet",
+    ClaimStatus.CAPPED: "held: its tenant is at its running cap",
     ClaimStatus.PAUSED: "paused: waiting for a person's decision",
 }
 

@@ -11,7 +11,10 @@ claim script admits the next held turns in smooth weighted round-robin over the 
 (AGENTJOBS_TENANT_WEIGHTS), which the claiming worker publishes; the pump fills what claims do
 not (a cap that frees when a turn ends), sizes the window from the workers' heartbeats, and mends
 counts a crash left behind. A retry, the next turn of a conversation and a person's decision
-start without the gate (their turns were admitted once) and are counted when they start.
+start without the window (their turns were admitted once) and are counted when they start;
+when their tenant is at its cap then, the claim holds them in the tenant's list instead, for
+the gate to publish again as a place frees (common.lua, gate_hold_capped), so a cap is never
+exceeded.
 
 The gate's steps run inside the scripts that register, claim and end turns, so with no contention
 fairness costs a few Redis commands and no round trip. Its keys are in no shard's hash slot: on a
@@ -44,11 +47,15 @@ def publish_released(ctx: JobContext, refs: list[Any]) -> int:
     """Publish the held turns the gate admitted (refs as common.lua writes them)."""
     for raw in refs:
         try:
-            _turn_key, _pending, turn_id, namespace, agent, conversation_id = orjson.loads(raw)
-        except (orjson.JSONDecodeError, ValueError):
+            # A turn held at its claim (a retry, a next turn) also says its attempt.
+            _turn_key, _pending, turn_id, namespace, agent, conversation_id, *rest = (
+                orjson.loads(raw)
+            )
+            attempt = int(rest[0]) if rest else 1
+        except (orjson.JSONDecodeError, ValueError, TypeError):
             logger.warning("fairness gate: an unreadable held turn was dropped: %r", raw[:200])
             continue
-        ending.wake(ctx, turn_id, namespace, agent, conversation_id, attempt=1)
+        ending.wake(ctx, turn_id, namespace, agent, conversation_id, attempt=attempt)
     return len(refs)
 
 

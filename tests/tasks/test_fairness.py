@@ -4,6 +4,7 @@ share the workers, a running cap holds, and each conversation keeps its order.""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -114,3 +115,32 @@ def test_a_conversation_keeps_its_order_through_the_gate(make_jobs: Any) -> None
         assert numbers == sorted(numbers)
     statuses = [turn_status(t.id) for t in turns]
     assert all(s is not None and s.state == "succeeded" for s in statuses)
+
+
+def test_retries_and_next_turns_keep_under_the_cap(make_jobs: Any) -> None:
+    # Retries, the next turn of a conversation and decided pauses start without the window;
+    # at the tenant's cap their claim holds them for the gate instead of running over it.
+    jobs: Jobs = make_jobs(**_env(AGENTJOBS_TENANT_MAX_RUNNING="acme=2"))
+    jobs.worker(concurrency=8)
+    jobs.pump()
+    turns = [
+        run_turn.delay(
+            agent="demo",
+            conversation_id=f"acme-{i % 6}",
+            message=f"turn {i} fail:503x1 think:0.2",
+            identity={"tenant": "acme"},
+        )
+        for i in range(12)
+    ]
+    most = 0
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        states = [getattr(turn_status(t.id), "state", None) for t in turns]
+        most = max(most, states.count("running"))
+        if all(s == "succeeded" for s in states):
+            break
+        time.sleep(0.02)
+    assert all(t.get(timeout=10)["attempts"] == 2 for t in turns)  # each one retried
+    assert 1 <= most <= 2
+    gate = job_context().records.gate[0]
+    wait_until(lambda: jobs.redis.hgetall(f"{gate}:inflight") == {}, 10, "nothing counted")

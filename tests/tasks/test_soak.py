@@ -23,6 +23,7 @@ CHECKS = (
     "no API key or endpoint host",
     "the chaos landed",
     "no worker or pump exited on its own",
+    "every shared process alive at the end",
 )
 
 

@@ -1,13 +1,13 @@
 -- Take a turn if it may run now: not ended, not waiting out a backoff, the head of its
 -- conversation's queue, no live lease. -> {claimed, deliveries, record, stored envelope or
 -- false, its conversation frames, the held turns the fairness gate released for the worker
--- to publish} or {refusal}: missing | done | paused | not_due | not_head | busy.
+-- to publish} or {refusal}: missing | done | paused | not_due | not_head | capped | busy.
 local turn_id, token, worker = A.turn_id, A.token, A.worker
 local lease_ms = tonumber(A.lease_ms)
 
 -- What the claim decides by, in one read.
 local at = redis.call('HMGET', K.turn, F.state, F.due_at_ms, F.handed_over, F.deliveries,
-  F.redeliveries, F.attempt, F.iteration, F.tenant)
+  F.redeliveries, F.attempt, F.iteration, F.tenant, F.namespace, F.agent, F.conversation_id)
 local state = at[1]
 local gate = A.gate
 local now = now_ms()
@@ -23,6 +23,12 @@ elseif state == STATE.WAITING and tonumber(at[2]) > now then
   refusal = R.NOT_DUE
 elseif redis.call('LINDEX', K.queue, 0) ~= turn_id then
   refusal = R.NOT_HEAD
+elseif gate ~= '' and gate_hold_capped(gate, A.gate_cfg,
+    cjson.encode({K.turn, K.pending, turn_id, at[9] or '', at[10] or '', at[11] or '',
+      tonumber(at[6] or '1')}),
+    K.turn, K.pending, K.retries, turn_id, at[8] or '') then
+  -- Its tenant is at its running cap: held for the gate (common.lua, gate_hold_capped).
+  refusal = R.CAPPED
 elseif not redis.call('SET', K.lease, lease_value(turn_id, token), 'PX', lease_ms, 'NX') then
   refusal = R.BUSY
 end

@@ -167,8 +167,10 @@ local function gate_fill(g, cfg_json, now, limit)
     end
     if ref then
       local r = cjson.decode(ref)
-      -- A turn cancelled while held, or started without the gate meanwhile, is left out.
-      if redis.call('HGET', r[1], F.state) == STATE.QUEUED and
+      -- A turn cancelled while held, or started without the gate meanwhile, is left out; a
+      -- waiting one is a retry held at its claim (gate_hold_capped).
+      local held_state = redis.call('HGET', r[1], F.state)
+      if (held_state == STATE.QUEUED or held_state == STATE.WAITING) and
           not redis.call('HGET', r[1], F.gate) then
         redis.call('ZADD', g .. ':unclaimed', now, r[3])
         gate_count(g, r[1], r[3], best)
@@ -182,6 +184,21 @@ local function gate_fill(g, cfg_json, now, limit)
     if current[tenant] ~= nil then redis.call('HSET', g .. ':active', tenant, current[tenant]) end
   end
   return admitted
+end
+
+-- A claim of a turn not counted in flight (a retry, the next turn of a conversation, a decided
+-- pause: none came through gate_admit) whose tenant is at its running cap: the turn is held in
+-- its tenant's list, out of the pump's indices, until gate_fill admits it as a place frees,
+-- rather than run over the cap. `ref` as gate_admit's, with the attempt. -> true when held.
+local function gate_hold_capped(g, cfg_json, ref, turn_key, pending_key, retries_key, turn_id,
+    tenant)
+  if redis.call('HEXISTS', g .. ':owners', turn_id) == 1 then return false end
+  if gate_under_cap(g, gate_config(cfg_json), tenant) then return false end
+  redis.call('RPUSH', g .. ':held:' .. tenant, ref)
+  redis.call('HSETNX', g .. ':active', tenant, 0)
+  redis.call('ZREM', pending_key, turn_id)
+  redis.call('ZREM', retries_key, turn_id)
+  return true
 end
 
 -- When a queued turn became runnable (the head of its conversation, nothing running ahead of
