@@ -48,8 +48,8 @@ def publish_released(ctx: JobContext, refs: list[Any]) -> int:
     for raw in refs:
         try:
             # A turn held at its claim (a retry, a next turn) also says its attempt.
-            _turn_key, _pending, turn_id, namespace, agent, conversation_id, *rest = (
-                orjson.loads(raw)
+            _turn_key, _pending, turn_id, namespace, agent, conversation_id, *rest = orjson.loads(
+                raw
             )
             attempt = int(rest[0]) if rest else 1
         except (orjson.JSONDecodeError, ValueError, TypeError):
