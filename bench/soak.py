@@ -60,6 +60,7 @@ from tasks.testing import (  # noqa: E402
     Process,
     RedisServer,
     job_env,
+    start_process,
     start_pump,
     start_worker,
     wait_until,
@@ -115,7 +116,7 @@ def make_plan(
         PlannedTurn(n, f"c{n % conversations:03d}", rng.choice((1, 2)), n in refused)
         for n in range(turns)
     ]
-    return mixed.mixed_plan(rng, plan) if mixed_run else plan
+    return mixed.mixed_plan(rng, plan, seed) if mixed_run else plan
 
 
 # The mixed run's chaos, shuffled by the seed: 20 worker kills, 3 Redis restarts, 2 deploys
@@ -190,11 +191,31 @@ class Cluster:
     pump: Process | None = None
     others: list[Process] = field(default_factory=list)
     exits: list[Exit] = field(default_factory=list)
+    # The mixed run's person in the loop (bench/soak_decider.py), a process of its own.
+    decider: Process | None = None
+    with_decider: bool = False
 
     def start(self) -> None:
         for name in WORKERS:
             self.start_worker(name)
         self.pump = start_pump(self.env, self.logdir)
+        if self.with_decider:
+            self.start_decider()
+
+    @property
+    def decider_stop(self) -> Path:
+        return self.logdir / "decider.stop"
+
+    def start_decider(self) -> None:
+        command = [sys.executable, str(ROOT / "bench" / "soak_decider.py"), str(self.decider_stop)]
+        self.decider = start_process(
+            "decider", command, self.env, self.logdir, ready="soak decider started", cwd=ROOT
+        )
+
+    def stop_decider(self) -> None:
+        if self.decider is not None and self.decider.alive():
+            self.decider_stop.touch()
+            wait_until(lambda: not self.decider or not self.decider.alive(), 15, "the decider")
 
     def start_worker(self, name: str) -> None:
         self.workers[name] = start_worker(
@@ -214,6 +235,9 @@ class Cluster:
         if self.pump is not None and not self.pump.alive():
             self._record_exit(self.pump, since)
             self.pump = start_pump(self.env, self.logdir)
+        if self.decider is not None and not self.decider.alive():
+            self._record_exit(self.decider, since)
+            self.start_decider()
 
     def _record_exit(self, process: Process, since: float) -> None:
         gone = Exit(
@@ -226,8 +250,13 @@ class Cluster:
         self.exits.append(gone)
         self.others.append(process)
 
+    def shared(self) -> list[Process]:
+        """The processes that should be running: workers, the pump, the decider."""
+        extra = [p for p in (self.pump, self.decider) if p is not None]
+        return [*self.workers.values(), *extra]
+
     def processes(self) -> list[Process]:
-        return [*self.others, *self.workers.values(), *([self.pump] if self.pump else [])]
+        return [*self.others, *self.shared()]
 
     def stop(self) -> None:
         for process in self.processes():
@@ -654,6 +683,14 @@ def examine(
     return Outcome(findings, rows)
 
 
+def decided_counts(ctx: Any) -> str:
+    raw = ctx.redis.hvals(sa.decisions_key(ctx.keys.prefix))
+    counts: dict[str, int] = {}
+    for value in raw:
+        counts[value.decode()] = counts.get(value.decode(), 0) + 1
+    return ", ".join(f"{k}: {n}" for k, n in sorted(counts.items())) or "none"
+
+
 def mixed_findings(
     extras: Extras, observer: Observer, ctx: Any, rows: list[tuple[str, str]]
 ) -> list[Finding]:
@@ -676,6 +713,7 @@ def mixed_findings(
             ", ".join(f"{k}: {n}" for k, n in sorted(extras.inputs.refused.items())),
         ),
         ("unreadable messages sent", str(extras.inputs.bad_messages_sent)),
+        ("approvals decided by the decider process", decided_counts(ctx)),
         (
             "most running at once per tenant",
             ", ".join(f"{t}: {n}" for t, n in sorted(extras.caps.most.items())),
@@ -736,7 +774,8 @@ def table_rows(
         *((f"dead-lettered {reason}", str(n)) for reason, n in sorted(reasons.items())),
         ("resumes (sum of attempt-1)", str(sum(max(0, t.number("attempt") - 1) for t in turns))),
         ("kills", str(len(kills))),
-        ("Redis restarts", str(len(events) - len(kills))),
+        ("Redis restarts", str(sum(1 for e in events if e.label == "restart redis"))),
+        ("deploys (SIGTERM hand-over)", str(sum(1 for e in events if e.label == "deploy"))),
         ("redeliveries", str(sum(t.number("redeliveries") for t in turns))),
         ("worst recovery delay", worst),
         ("repeated side effects", str(repeats.total)),
@@ -752,7 +791,7 @@ def table_rows(
     for event in events:
         delay = event.recovery_s()
         detail = f"{len(event.in_flight)} rounds in flight ({event.repeated} ran again)"
-        if event.label.startswith("kill"):
+        if event.label.startswith("kill") or event.label == "deploy":
             detail += f", {event.affected} turns on it, recovered in " + (
                 f"{delay:.2f} s" if delay is not None else "never" if event.affected else "n/a"
             )
@@ -787,7 +826,7 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
     print(f"workdir {workdir}")
     server = RedisServer(workdir / "redis", appendonly=True).start()
     env = soak_env(server.url, args.seed, Secrets.fresh(), args.mixed)
-    cluster = Cluster(server, env, workdir / "logs")
+    cluster = Cluster(server, env, workdir / "logs", with_decider=args.mixed)
     extras = Extras.for_seed(args.seed) if args.mixed else None
     schedule = mixed_chaos(args.seed, args.turns) if args.mixed else None
     try:
@@ -803,8 +842,8 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
         if extras is not None:
             extras.stop()
         wait_for_results(observer.task_ids)
-        shared = [*cluster.workers.values(), *([cluster.pump] if cluster.pump else [])]
-        dead = [p.name for p in shared if not p.alive()]
+        dead = [p.name for p in cluster.shared() if not p.alive()]
+        cluster.stop_decider()
         cluster.stop()
         outcome = examine(cluster, observer, plan, events, extras)
         outcome.findings.insert(0, Finding("the run finished", problems))

@@ -13,7 +13,9 @@ execution in Redis (the side effect), then waits up to TOOL_LATENCY_MAX_S: recor
 start is also logged with the idempotency key and attempt it saw, and whether it returned.
 Call numbers, side effects and starts are kept in Redis, so they survive kills and resumes.
 
-The mixed soak (bench/soak.py --mixed) adds ` hang=1` for a turn whose first tool call hangs
+The mixed soak (bench/soak.py --mixed) adds ` approve=1` for a turn whose first round calls
+record_approved_effect, which needs a person's approval (the soak's decider approves, rejects
+or leaves it to expire), ` hang=1` for a turn whose first tool call hangs
 for HANG_S (the turn has a deadline shorter than that), reads the retry-after of a 429 from
 SOAK_RETRY_AFTER_S, and has every answered call reported with USAGE tokens and logged, with
 its time, under calls_log_key: the provider's own record of what the shared budget admitted.
@@ -62,21 +64,31 @@ HANG_S = 12.0
 USAGE = {"inputTokens": 40, "outputTokens": 10}
 TOOL_NAME = "record_effect"
 UNSAFE_TOOL_NAME = "record_unsafe_effect"
+APPROVED_TOOL_NAME = "record_approved_effect"
+# What the soak's decider (bench/soak_decider.py) writes when it rejects a call.
+REJECTION = "not this one (the soak's decider)"
 
 _TURN = re.compile(r"\bsoak turn (\d+)\b")
 _ROUNDS = re.compile(r"\brounds=(\d+)\b")
 _REFUSED = " fail=401"
 _HANG = " hang=1"
+_APPROVE = " approve=1"
 
 T = TypeVar("T")
 
 
 def soak_message(
-    turn: int, conversation: str, rounds: int, refused: bool, hang: bool = False
+    turn: int,
+    conversation: str,
+    rounds: int,
+    refused: bool,
+    hang: bool = False,
+    approve: bool = False,
 ) -> str:
     return (
         f"soak turn {turn} conversation {conversation} rounds={rounds}"
         + (_HANG if hang else "")
+        + (_APPROVE if approve else "")
         + (_REFUSED if refused else "")
     )
 
@@ -86,7 +98,9 @@ def is_unsafe_turn(turn: int) -> bool:
     return turn % 3 == 0
 
 
-def tool_name_for(turn: int) -> str:
+def tool_name_for(turn: int, round_: int = 1, approve: bool = False) -> str:
+    if approve and round_ == 1:
+        return APPROVED_TOOL_NAME
     return UNSAFE_TOOL_NAME if is_unsafe_turn(turn) else TOOL_NAME
 
 
@@ -123,6 +137,18 @@ def calls_log_key(prefix: str) -> str:
     """List of JSON [epoch ms, tokens] per model call the gateway answered or refused (a
     refused call counts as a request of 0 tokens): what a shared budget let through."""
     return f"{prefix}:soak:calls-log"
+
+
+def decision_for(seed: int, turn: int) -> str:
+    """What the soak's decider does with turn `turn`'s approval: approve half, reject three
+    in ten, leave the rest to expire."""
+    u = unit_hash(seed, turn, "decision")
+    return "approve" if u < 0.5 else "reject" if u < 0.8 else "expire"
+
+
+def decisions_key(prefix: str) -> str:
+    """Hash turn -> the decision the decider recorded (approve, reject), once it did."""
+    return f"{prefix}:soak:decisions"
 
 
 def faults_key(prefix: str) -> str:
@@ -198,7 +224,8 @@ class FaultyGatewayProvider:
             args: dict[str, Any] = {"turn": turn, "round": round_}
             if _HANG in text:
                 args["hang"] = True
-            asked = ToolCall(tool_call_id(turn, round_), tool_name_for(turn), args)
+            name = tool_name_for(turn, round_, _APPROVE in text)
+            asked = ToolCall(tool_call_id(turn, round_), name, args)
             return LLMResponse(tool_calls=[asked], usage=USAGE)
         return LLMResponse(content=answer_for(turn), usage=USAGE)
 
@@ -246,12 +273,23 @@ def record_unsafe_effect(
     return _record(turn, round, ctx, hang)
 
 
+@tool(
+    name=APPROVED_TOOL_NAME,
+    description="Record that round `round` of turn `turn` ran, once a person approved it.",
+    approval=True,
+)
+def record_approved_effect(
+    turn: int, round: int, ctx: ToolContext, hang: bool = False
+) -> dict[str, Any]:
+    return _record(turn, round, ctx, hang)
+
+
 def build_soak_agent() -> Agent:
     return Agent(
         provider=FaultyGatewayProvider(int(os.environ.get(SEED_VARIABLE, "0"))),
         model="soak-model",
         system="You are the soak's agent.",
-        tools=[record_effect, record_unsafe_effect],
+        tools=[record_effect, record_unsafe_effect, record_approved_effect],
         id="soak",
         max_iterations=8,
     )

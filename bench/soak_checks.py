@@ -19,6 +19,7 @@ import redis
 
 from agent import OUTCOME_UNKNOWN, AgentRunCheckpoint
 from agent.journal import outcome_unknown_text
+from agent.pauses import rejected_text
 from bench import soak_agent as sa
 from tasks.core.errors import TurnCancelled, TurnDeadLettered
 from tasks.testing import redis_blob
@@ -38,10 +39,20 @@ class PlannedTurn:
     tenant: str = ""
     cancel: bool = False
     hang: bool = False
+    # "approve", "reject" or "expire": what the soak's decider does with its first round's
+    # approval ("" for a turn that asks for none).
+    decision: str = ""
 
     @property
     def message(self) -> str:
-        return sa.soak_message(self.number, self.conversation, self.rounds, self.refused, self.hang)
+        return sa.soak_message(
+            self.number,
+            self.conversation,
+            self.rounds,
+            self.refused,
+            self.hang,
+            bool(self.decision),
+        )
 
     @property
     def identity(self) -> dict[str, str] | None:
@@ -117,11 +128,16 @@ def check_outcomes(turns: list[Turn], logs: list[str], cancelled: Iterable[str] 
             pass
         elif turn.plan.hang and (state, reason) != ("dead_lettered", "deadline_exceeded"):
             finding.fail(f"a hung turn did not end deadline_exceeded: {record_evidence(turn)}")
+        elif turn.plan.decision == "expire" and state == "succeeded":
+            finding.fail(f"a turn left undecided succeeded: {record_evidence(turn)}")
+        elif turn.plan.decision == "expire" and reason not in ("pause_expired", "max_attempts"):
+            finding.fail(f"a turn left undecided ended {reason}: {record_evidence(turn)}")
         elif turn.plan.refused and (state, reason) != ("dead_lettered", "non_resumable"):
             finding.fail(f"a 401 turn did not end non_resumable: {record_evidence(turn)}")
         elif (
             not turn.plan.refused
             and not turn.plan.hang
+            and turn.plan.decision != "expire"
             and state == "dead_lettered"
             and reason != "max_attempts"
         ):
@@ -190,14 +206,16 @@ def expected_history(
     history: list[dict[str, Any]] = []
     for plan in succeeded:
         history.append({"role": "user", "content": plan.message})
-        name = sa.tool_name_for(plan.number)
         for round_ in range(1, plan.rounds + 1):
+            name = sa.tool_name_for(plan.number, round_, bool(plan.decision))
             call_id = sa.tool_call_id(plan.number, round_)
             args = {"turn": plan.number, "round": round_}
             call = {"id": call_id, "name": name, "args": args}
             history.append({"role": "assistant", "content": "", "toolCalls": [call]})
             if (plan.number, round_) in unknown:
                 content = outcome_unknown_text(name)
+            elif plan.decision == "reject" and round_ == 1:
+                content = rejected_text(sa.REJECTION)
             else:
                 content = orjson.dumps(sa.effect_result(plan.number, round_)).decode()
             history.append(
@@ -388,6 +406,10 @@ def check_side_effects(
             for round_ in range(1, turn.plan.rounds + 1):
                 if (turn.plan.number, round_) in unknown:
                     continue
+                if turn.plan.decision == "reject" and round_ == 1:
+                    if effects.get((turn.plan.number, round_), 0):
+                        finding.fail(f"a rejected call ran: {record_evidence(turn)}")
+                    continue
                 if effects.get((turn.plan.number, round_), 0) < 1:
                     finding.fail(f"round {round_} never ran: {record_evidence(turn)}")
     return finding, repeats
@@ -426,7 +448,9 @@ def entry_problems(turn: Turn, entry: dict[str, Any], max_attempts: int) -> list
     error = str(entry.get("error", ""))
     if entry.get("id") != turn.field("dlq_id") or entry.get("reason") != turn.field("reason"):
         problems.append(f"entry {entry.get('id')} ({entry.get('reason')}) != {where}")
-    if turn.plan.hang:
+    if turn.plan.decision == "expire" and entry.get("reason") == "pause_expired":
+        pass
+    elif turn.plan.hang:
         if entry.get("reason") != "deadline_exceeded":
             problems.append(f"a hung turn's entry is {entry.get('reason')}: {where}")
     elif turn.plan.refused:
@@ -439,7 +463,7 @@ def entry_problems(turn: Turn, entry: dict[str, Any], max_attempts: int) -> list
             if "HTTP 503" not in text and "HTTP 429" not in text:
                 problems.append(f"{what} is not a 503/429: {short(text)}: {where}")
     # A hung turn may have ended before any of its iterations was persisted: nothing to resume.
-    if not (turn.plan.hang and entry.get("checkpoint") is None):
+    if not ((turn.plan.hang or turn.plan.decision) and entry.get("checkpoint") is None):
         problems += checkpoint_problems(turn, entry.get("checkpoint"))
     return problems
 

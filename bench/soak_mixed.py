@@ -33,6 +33,8 @@ from bench.soak_checks import Finding, PlannedTurn
 TENANTS = (("acme", 6), ("beta", 3), ("gamma", 1))  # (tenant, share in ten conversations)
 CANCEL_SHARE = 0.01
 HANG_SHARE = 0.003
+PAUSE_SHARE = 0.02
+PAUSE_TTL_S = 6
 HANG_DEADLINE_S = 4.0
 BUDGET_WINDOW_S = 5
 BUDGET_REQUESTS = 600
@@ -49,6 +51,7 @@ SETTINGS = {
     ),
     "AGENTJOBS_BUDGET_OUTPUT_TOKENS": "16",
     "AGENTJOBS_TENANT_MAX_RUNNING": ",".join(f"{t}={n}" for t, n in TENANT_CAPS.items()),
+    "AGENTJOBS_PAUSE_TTL_S": str(PAUSE_TTL_S),
     # Every 429 closes the shared budget for its retry-after: a short one, or 5% of the calls
     # would hold the whole run.
     sa.RETRY_AFTER_VARIABLE: "0.1",
@@ -64,11 +67,15 @@ def tenant_of(conversation_index: int) -> str:
     raise AssertionError("the shares add up to ten")
 
 
-def mixed_plan(rng: random.Random, plan: list[PlannedTurn]) -> list[PlannedTurn]:
-    """The chaos soak's plan with tenants, the turns to cancel and the hung ones."""
+def mixed_plan(rng: random.Random, plan: list[PlannedTurn], seed: int) -> list[PlannedTurn]:
+    """The chaos soak's plan with tenants, the turns to cancel, the hung ones and those that
+    pause for the decider (never an unsafe turn's: their rounds must not repeat anyway)."""
     picks = rng.sample(range(len(plan)), max(2, round(len(plan) * (CANCEL_SHARE + HANG_SHARE))))
     hung = set(picks[: max(1, round(len(plan) * HANG_SHARE))])
     cancel = set(picks) - hung
+    others = [p.number for p in plan if p.number not in hung | cancel and not p.refused]
+    safe = [n for n in others if not sa.is_unsafe_turn(n)]
+    pausing = set(rng.sample(safe, max(3, round(len(plan) * PAUSE_SHARE))))
     mixed = []
     for p in plan:
         index = int(p.conversation.removeprefix("c"))
@@ -83,6 +90,7 @@ def mixed_plan(rng: random.Random, plan: list[PlannedTurn]) -> list[PlannedTurn]
                 tenant=tenant,
                 cancel=p.number in cancel,
                 hang=p.number in hung,
+                decision=sa.decision_for(seed, p.number) if p.number in pausing else "",
             )
         )
     return mixed
