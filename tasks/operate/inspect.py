@@ -23,7 +23,7 @@ from tasks.core.errors import JobError, UnreadableRecord
 from tasks.core.keys import ShardKeys
 from tasks.core.namespaces import namespace_for
 from tasks.core.state_url import parse_state_url
-from tasks.operate.listing import INDEX_OF_STATE, LISTED_FIELDS
+from tasks.operate.listing import INDEX_OF_STATE, LISTED_FIELDS, batched
 from tasks.queue.context import JobContext
 from tasks.store.records import TurnRecord, TurnState
 
@@ -49,21 +49,10 @@ def _turn_keys(ctx: JobContext) -> Iterator[str]:
             yield text
 
 
-def _pages(keys: Iterator[str]) -> Iterator[list[str]]:
-    page: list[str] = []
-    for key in keys:
-        page.append(key)
-        if len(page) == _PAGE:
-            yield page
-            page = []
-    if page:
-        yield page
-
-
 def iter_turns(ctx: JobContext, unreadable: list[str] | None = None) -> Iterator[TurnRecord]:
     """Every turn record kept, in no particular order, without checkpoint, payload or result.
     A record that cannot be read is skipped (logged once), its id added to `unreadable`."""
-    for page in _pages(_turn_keys(ctx)):
+    for page in batched(_turn_keys(ctx), _PAGE):
         with ctx.redis.pipeline(transaction=False) as pipe:
             for key in page:
                 pipe.hmget(key, LISTED_FIELDS)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tasks.core.errors import UnreadableRecord
 from tasks.core.keys import ShardKeys
@@ -57,6 +57,7 @@ INDEX_OF_STATE = {
 _BATCH = 100
 Position = tuple[int, str]  # (submitted ms, turn id): the listing's order, newest first
 Entry = tuple[int, str, int]  # a Position and the shard whose index holds it
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def page_turns(
     examined = 0
     last: Entry | None = None
     exhausted = True
-    for batch in _batches(entries, _BATCH):
+    for batch in batched(entries, _BATCH):
         records = _read(ctx, batch, unreadable)
         for entry in batch:
             examined += 1
@@ -206,10 +207,11 @@ def _in_state(ctx: JobContext, where: TurnFilter, start: Position | None) -> Ite
     return iter(sorted(entries, reverse=True))
 
 
-def _batches(entries: Iterable[Entry], size: int) -> Iterator[list[Entry]]:
-    batch: list[Entry] = []
-    for entry in entries:
-        batch.append(entry)
+def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """`items` in lists of `size` (the last one shorter)."""
+    batch: list[T] = []
+    for item in items:
+        batch.append(item)
         if len(batch) == size:
             yield batch
             batch = []

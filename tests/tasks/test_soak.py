@@ -27,29 +27,6 @@ CHECKS = (
 )
 
 
-@pytest.mark.slow
-@pytest.mark.integration
-def test_a_small_chaos_soak_passes() -> None:
-    # Given a soak of 100 turns over 20 conversations (still 3 worker kills and a Redis restart)
-    command = [sys.executable, "bench/soak.py", "--turns", "100", "--conversations", "20"]
-    # When it runs
-    completed = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=SOAK_TIMEOUT_S
-    )
-    print(completed.stdout)
-    # Then it exits 0, every check it printed passed, and the chaos happened
-    output = completed.stdout
-    assert completed.returncode == 0, output[-6000:] + completed.stderr[-3000:]
-    assert output.rstrip().endswith("soak PASSED")
-    verdicts = [
-        line.strip() for line in output.splitlines() if line.startswith(("  PASS", "  FAIL"))
-    ]
-    assert len(verdicts) == len(CHECKS), verdicts
-    for check in CHECKS:
-        assert any(v.startswith(f"PASS  {check}") for v in verdicts), (check, verdicts)
-    assert "kill w1 at" in output and "restart redis at" in output
-
-
 # And the checks only the mixed soak prints.
 MIXED_CHECKS = (
     *CHECKS,
@@ -60,28 +37,42 @@ MIXED_CHECKS = (
 )
 
 
+def passing_soak(*options: str, checks: tuple[str, ...]) -> str:
+    """Run bench/soak.py with `options` in a subprocess; its output, once it exited 0 and printed
+    each of `checks` (the first words of each) as passed, and no other check."""
+    command = [sys.executable, "bench/soak.py", *options]
+    completed = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=SOAK_TIMEOUT_S
+    )
+    print(completed.stdout)
+    output = completed.stdout
+    assert completed.returncode == 0, output[-6000:] + completed.stderr[-3000:]
+    assert output.rstrip().endswith("soak PASSED")
+    verdicts = [
+        line.strip() for line in output.splitlines() if line.startswith(("  PASS", "  FAIL"))
+    ]
+    assert len(verdicts) == len(checks), verdicts
+    for check in checks:
+        assert any(v.startswith(f"PASS  {check}") for v in verdicts), (check, verdicts)
+    return output
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_small_chaos_soak_passes() -> None:
+    # Given a soak of 100 turns over 20 conversations (still 3 worker kills and a Redis restart)
+    # When it runs, then it exits 0, every check it printed passed, and the chaos happened
+    output = passing_soak("--turns", "100", "--conversations", "20", checks=CHECKS)
+    assert "kill w1 at" in output and "restart redis at" in output
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_a_small_mixed_soak_passes() -> None:
     # Given a mixed soak of 400 turns over 40 conversations of three tenants: kills, a Redis
     # restart, a deploy, cancels, approvals decided by another process, hung tools past their
     # deadlines, a shared budget and caps, stream readers, bad requests and messages
-    command = [
-        sys.executable,
-        *("bench/soak.py", "--mixed", "--turns", "400", "--conversations", "40"),
-    ]
-    # When it runs
-    completed = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=SOAK_TIMEOUT_S
-    )
-    print(completed.stdout)
-    # Then every check it printed passed
-    output = completed.stdout
-    assert completed.returncode == 0, output[-6000:] + completed.stderr[-3000:]
-    verdicts = [
-        line.strip() for line in output.splitlines() if line.startswith(("  PASS", "  FAIL"))
-    ]
-    assert len(verdicts) == len(MIXED_CHECKS), verdicts
-    for check in MIXED_CHECKS:
-        assert any(v.startswith(f"PASS  {check}") for v in verdicts), (check, verdicts)
+    # When it runs, then every check it printed passed
+    options = ("--mixed", "--turns", "400", "--conversations", "40")
+    output = passing_soak(*options, checks=MIXED_CHECKS)
     assert "deploy at" in output and "restart redis at" in output
