@@ -15,7 +15,9 @@ Call numbers, side effects and starts are kept in Redis, so they survive kills a
 
 The mixed soak (bench/soak.py --mixed) adds ` approve=1` for a turn whose first round calls
 record_approved_effect, which needs a person's approval (the soak's decider approves, rejects
-or leaves it to expire), ` hang=1` for a turn whose first tool call hangs
+or leaves it to expire), ` slow=1` for a turn whose first round calls record_slow_effect,
+which outlasts its tool timeout (SLOW_TIMEOUT_S: the model reads `[timed out] ...`), ` hang=1`
+for a turn whose first tool call hangs
 for HANG_S (the turn has a deadline shorter than that), reads the retry-after of a 429 from
 SOAK_RETRY_AFTER_S, and has every answered call reported with USAGE tokens and logged, with
 its time, under calls_log_key: the provider's own record of what the shared budget admitted.
@@ -65,6 +67,9 @@ USAGE = {"inputTokens": 40, "outputTokens": 10}
 TOOL_NAME = "record_effect"
 UNSAFE_TOOL_NAME = "record_unsafe_effect"
 APPROVED_TOOL_NAME = "record_approved_effect"
+SLOW_TOOL_NAME = "record_slow_effect"
+SLOW_TIMEOUT_S = 1.0
+SLOW_S = 2.5
 # What the soak's decider (bench/soak_decider.py) writes when it rejects a call.
 REJECTION = "not this one (the soak's decider)"
 
@@ -73,6 +78,7 @@ _ROUNDS = re.compile(r"\brounds=(\d+)\b")
 _REFUSED = " fail=401"
 _HANG = " hang=1"
 _APPROVE = " approve=1"
+_SLOW = " slow=1"
 
 T = TypeVar("T")
 
@@ -84,11 +90,13 @@ def soak_message(
     refused: bool,
     hang: bool = False,
     approve: bool = False,
+    slow: bool = False,
 ) -> str:
     return (
         f"soak turn {turn} conversation {conversation} rounds={rounds}"
         + (_HANG if hang else "")
         + (_APPROVE if approve else "")
+        + (_SLOW if slow else "")
         + (_REFUSED if refused else "")
     )
 
@@ -98,9 +106,11 @@ def is_unsafe_turn(turn: int) -> bool:
     return turn % 3 == 0
 
 
-def tool_name_for(turn: int, round_: int = 1, approve: bool = False) -> str:
+def tool_name_for(turn: int, round_: int = 1, approve: bool = False, slow: bool = False) -> str:
     if approve and round_ == 1:
         return APPROVED_TOOL_NAME
+    if slow and round_ == 1:
+        return SLOW_TOOL_NAME
     return UNSAFE_TOOL_NAME if is_unsafe_turn(turn) else TOOL_NAME
 
 
@@ -224,7 +234,7 @@ class FaultyGatewayProvider:
             args: dict[str, Any] = {"turn": turn, "round": round_}
             if _HANG in text:
                 args["hang"] = True
-            name = tool_name_for(turn, round_, _APPROVE in text)
+            name = tool_name_for(turn, round_, _APPROVE in text, _SLOW in text)
             asked = ToolCall(tool_call_id(turn, round_), name, args)
             return LLMResponse(tool_calls=[asked], usage=USAGE)
         return LLMResponse(content=answer_for(turn), usage=USAGE)
@@ -243,7 +253,9 @@ class FaultyGatewayProvider:
         )
 
 
-def _record(turn: int, round_: int, ctx: ToolContext, hang: bool = False) -> dict[str, Any]:
+def _record(
+    turn: int, round_: int, ctx: ToolContext, hang: bool = False, slow: bool = False
+) -> dict[str, Any]:
     context = job_context()
     prefix = context.keys.prefix
     start = {"turn": turn, "round": round_, "key": ctx.idempotency_key, "attempt": ctx.attempt}
@@ -251,7 +263,8 @@ def _record(turn: int, round_: int, ctx: ToolContext, hang: bool = False) -> dic
     field = f"{turn}:{round_}"
     done = patiently(lambda: context.redis.hincrby(effects_key(prefix), field, 1))
     seed = int(os.environ.get(SEED_VARIABLE, "0"))
-    time.sleep(HANG_S if hang else unit_hash(seed, turn, round_, done, "tool") * TOOL_LATENCY_MAX_S)
+    pause = unit_hash(seed, turn, round_, done, "tool") * TOOL_LATENCY_MAX_S
+    time.sleep(HANG_S if hang else SLOW_S if slow else pause)
     returned = {"turn": turn, "round": round_, "attempt": ctx.attempt, "returned": True}
     patiently(lambda: context.redis.rpush(starts_key(prefix), orjson.dumps(returned)))
     return effect_result(turn, round_)
@@ -284,12 +297,21 @@ def record_approved_effect(
     return _record(turn, round, ctx, hang)
 
 
+@tool(
+    name=SLOW_TOOL_NAME,
+    description="Record that round `round` of turn `turn` ran, then take longer than allowed.",
+    timeout_s=SLOW_TIMEOUT_S,
+)
+def record_slow_effect(turn: int, round: int, ctx: ToolContext) -> dict[str, Any]:
+    return _record(turn, round, ctx, slow=True)
+
+
 def build_soak_agent() -> Agent:
     return Agent(
         provider=FaultyGatewayProvider(int(os.environ.get(SEED_VARIABLE, "0"))),
         model="soak-model",
         system="You are the soak's agent.",
-        tools=[record_effect, record_unsafe_effect, record_approved_effect],
+        tools=[record_effect, record_unsafe_effect, record_approved_effect, record_slow_effect],
         id="soak",
         max_iterations=8,
     )

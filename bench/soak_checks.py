@@ -20,6 +20,7 @@ import redis
 from agent import OUTCOME_UNKNOWN, AgentRunCheckpoint
 from agent.journal import outcome_unknown_text
 from agent.pauses import rejected_text
+from agent.timeouts import timed_out_text
 from bench import soak_agent as sa
 from tasks.core.errors import TurnCancelled, TurnDeadLettered
 from tasks.testing import redis_blob
@@ -42,6 +43,7 @@ class PlannedTurn:
     # "approve", "reject" or "expire": what the soak's decider does with its first round's
     # approval ("" for a turn that asks for none).
     decision: str = ""
+    slow: bool = False  # its first tool call outlasts its tool timeout
 
     @property
     def message(self) -> str:
@@ -52,6 +54,7 @@ class PlannedTurn:
             self.refused,
             self.hang,
             bool(self.decision),
+            self.slow,
         )
 
     @property
@@ -207,7 +210,7 @@ def expected_history(
     for plan in succeeded:
         history.append({"role": "user", "content": plan.message})
         for round_ in range(1, plan.rounds + 1):
-            name = sa.tool_name_for(plan.number, round_, bool(plan.decision))
+            name = sa.tool_name_for(plan.number, round_, bool(plan.decision), plan.slow)
             call_id = sa.tool_call_id(plan.number, round_)
             args = {"turn": plan.number, "round": round_}
             call = {"id": call_id, "name": name, "args": args}
@@ -216,6 +219,8 @@ def expected_history(
                 content = outcome_unknown_text(name)
             elif plan.decision == "reject" and round_ == 1:
                 content = rejected_text(sa.REJECTION)
+            elif plan.slow and round_ == 1:
+                content = timed_out_text(name, sa.SLOW_TIMEOUT_S)
             else:
                 content = orjson.dumps(sa.effect_result(plan.number, round_)).decode()
             history.append(

@@ -7,7 +7,10 @@ of the chaos soak's kills and restarts.
   caps (which turn the fairness gate on), checked from the gateway's own log of calls and from
   samples of the running turns per tenant;
 - a canceller that cancels 1% of the turns at a random moment of their life;
-- hung tools: a few turns whose tool hangs past their deadline, ended deadline_exceeded;
+- hung tools: a few turns whose tool hangs past their deadline, ended deadline_exceeded, and a
+  few whose tool outlasts its tool timeout (the model reads `[timed out] ...` and goes on);
+- approvals: 2% of the turns pause for a person, decided by a process of its own
+  (bench/soak_decider.py): approved, rejected, or left to expire (pause_expired);
 - stream readers that follow random turns, drop the stream after a few events and resume
   after the last one they saw, through kills and Redis restarts;
 - a trickle of bad requests with every wave (a turn id of another tenant's turn, a bad id, a
@@ -34,6 +37,7 @@ TENANTS = (("acme", 6), ("beta", 3), ("gamma", 1))  # (tenant, share in ten conv
 CANCEL_SHARE = 0.01
 HANG_SHARE = 0.003
 PAUSE_SHARE = 0.02
+SLOW_SHARE = 0.005
 PAUSE_TTL_S = 6
 HANG_DEADLINE_S = 4.0
 BUDGET_WINDOW_S = 5
@@ -76,6 +80,8 @@ def mixed_plan(rng: random.Random, plan: list[PlannedTurn], seed: int) -> list[P
     others = [p.number for p in plan if p.number not in hung | cancel and not p.refused]
     safe = [n for n in others if not sa.is_unsafe_turn(n)]
     pausing = set(rng.sample(safe, max(3, round(len(plan) * PAUSE_SHARE))))
+    rest = [n for n in safe if n not in pausing]
+    slow = set(rng.sample(rest, max(2, round(len(plan) * SLOW_SHARE))))
     mixed = []
     for p in plan:
         index = int(p.conversation.removeprefix("c"))
@@ -91,6 +97,7 @@ def mixed_plan(rng: random.Random, plan: list[PlannedTurn], seed: int) -> list[P
                 cancel=p.number in cancel,
                 hang=p.number in hung,
                 decision=sa.decision_for(seed, p.number) if p.number in pausing else "",
+                slow=p.number in slow,
             )
         )
     return mixed
