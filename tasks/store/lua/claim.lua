@@ -37,7 +37,11 @@ if refusal then
   -- run now stops counting in flight (busy: another delivery runs it).
   if gate ~= '' then
     redis.call('ZREM', gate .. ':unclaimed', turn_id)
-    if refusal ~= R.BUSY and state then gate_release_of(K.turn, turn_id) end
+    -- (busy and running: the other delivery runs it, and it counts; busy and not running: a
+    -- lease left behind, and nothing runs it)
+    if state and (refusal ~= R.BUSY or state ~= STATE.RUNNING) then
+      gate_release_of(K.turn, turn_id)
+    end
   end
   return {refusal}
 end
