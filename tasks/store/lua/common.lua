@@ -167,11 +167,12 @@ local function gate_fill(g, cfg_json, now, limit)
     end
     if ref then
       local r = cjson.decode(ref)
-      -- A turn cancelled while held, or started without the gate meanwhile, is left out; a
-      -- waiting one is a retry held at its claim (gate_hold_capped).
+      -- A turn cancelled while held, or counted meanwhile (started without the window), is
+      -- left out; a waiting one is a retry held at its claim (gate_hold_capped). Whether it
+      -- counts is the owners hash's to say: a record's gate field can outlive its count.
       local held_state = redis.call('HGET', r[1], F.state)
       if (held_state == STATE.QUEUED or held_state == STATE.WAITING) and
-          not redis.call('HGET', r[1], F.gate) then
+          redis.call('HEXISTS', g .. ':owners', r[3]) == 0 then
         redis.call('ZADD', g .. ':unclaimed', now, r[3])
         gate_count(g, r[1], r[3], best)
         redis.call('ZADD', r[2], now, r[3])
@@ -194,6 +195,7 @@ local function gate_hold_capped(g, cfg_json, ref, turn_key, pending_key, retries
     tenant)
   if redis.call('HEXISTS', g .. ':owners', turn_id) == 1 then return false end
   if gate_under_cap(g, gate_config(cfg_json), tenant) then return false end
+  redis.call('HDEL', turn_key, F.gate)
   redis.call('RPUSH', g .. ':held:' .. tenant, ref)
   redis.call('HSETNX', g .. ':active', tenant, 0)
   redis.call('ZREM', pending_key, turn_id)

@@ -25,6 +25,7 @@ repeat
     local state = turn_key and redis.call('HGET', turn_key, F.state)
     local idle = state ~= STATE.RUNNING and not redis.call('ZSCORE', g .. ':unclaimed', turn_id)
     if not state or is_terminal(state) or idle or redis.call('HGET', turn_key, F.gate) ~= g then
+      if state then redis.call('HDEL', turn_key, F.gate) end
       redis.call('HDEL', g .. ':keys', turn_id)
       gate_release(g, turn_id)
       mended = mended + 1
