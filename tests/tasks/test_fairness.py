@@ -11,6 +11,8 @@ import orjson
 import pytest
 
 from tasks import run_turn, turn_status
+from tasks.core.namespaces import namespace_for
+from tasks.core.schema import ClaimStatus
 from tasks.queue.context import job_context
 from tasks.testing import wait_until
 from tests.tasks.budget_agents import LOG_KEY
@@ -144,3 +146,42 @@ def test_retries_and_next_turns_keep_under_the_cap(make_jobs: Any) -> None:
     assert 1 <= most <= 2
     gate = job_context().records.gate[0]
     wait_until(lambda: jobs.redis.hgetall(f"{gate}:inflight") == {}, 10, "nothing counted")
+
+
+def test_a_turn_held_at_its_claim_is_admitted_whatever_its_gate_field_says(
+    make_jobs: Any,
+) -> None:
+    # The scripts alone (no worker): acme may run one turn. The first runs; the next turn of
+    # another conversation, claimed meanwhile (as a retry or a next turn is, without the
+    # window), is held at its claim, out of every pump index, even with a gate field left on
+    # its record; once the first ends, the gate admits it and it is runnable again.
+    make_jobs(AGENTJOBS_TENANT_MAX_RUNNING="acme=1")
+    ctx = job_context()
+    records, gate = ctx.records, ctx.records.gate[0]
+
+    def register(turn_id: str, conversation: str, gated: bool) -> str:
+        namespace = namespace_for(conversation, {"tenant": "acme"})
+        records.register(
+            turn_id,
+            payload=b"{}",
+            agent="demo",
+            conversation_id=conversation,
+            namespace=namespace,
+            tenant="acme",
+            gated=gated,
+        )
+        return namespace
+
+    first = register("t-first", "c-1", gated=True)
+    assert records.claim("t-first", first, "tok-1", 30, "w1").status is ClaimStatus.CLAIMED
+    second = register("t-second", "c-2", gated=False)
+    shard = ctx.keys.for_namespace(second)
+    ctx.redis.hset(shard.turn("t-second"), "gate", gate)  # a field outliving its count
+    assert records.claim("t-second", second, "tok-2", 30, "w1").status is ClaimStatus.CAPPED
+    assert ctx.redis.zscore(shard.pending, "t-second") is None
+    assert records.gate_fill(10) == []  # acme is at its cap
+    assert records.cancel("t-first", first, reason="done", ttl_s=60).ended
+    admitted = records.gate_fill(10) + records.gate_fill(10)
+    assert [orjson.loads(ref)[2] for ref in admitted] == ["t-second"]
+    assert ctx.redis.zscore(shard.pending, "t-second") is not None
+    assert records.claim("t-second", second, "tok-3", 30, "w1").status is ClaimStatus.CLAIMED
