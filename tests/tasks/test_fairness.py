@@ -176,8 +176,8 @@ def test_a_turn_held_at_its_claim_is_admitted_whatever_its_gate_field_says(
     assert records.claim("t-first", first, "tok-1", 30, "w1").status is ClaimStatus.CLAIMED
     second = register("t-second", "c-2", gated=False)
     shard = ctx.keys.for_namespace(second)
-    ctx.redis.hset(shard.turn("t-second"), "gate", gate)  # a field outliving its count
     assert records.claim("t-second", second, "tok-2", 30, "w1").status is ClaimStatus.CAPPED
+    ctx.redis.hset(shard.turn("t-second"), "gate", gate)  # a field outliving its count
     assert ctx.redis.zscore(shard.pending, "t-second") is None
     assert records.gate_fill(10) == []  # acme is at its cap
     assert records.cancel("t-first", first, reason="done", ttl_s=60).ended
