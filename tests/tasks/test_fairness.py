@@ -153,8 +153,8 @@ def test_a_turn_held_at_its_claim_is_admitted_whatever_its_gate_field_says(
 ) -> None:
     # The scripts alone (no worker): acme may run one turn. The first runs; the next turn of
     # another conversation, claimed meanwhile (as a retry or a next turn is, without the
-    # window), is held at its claim, out of every pump index, even with a gate field left on
-    # its record; once the first ends, the gate admits it and it is runnable again.
+    # window), is held at its claim, and left in the pump's index should the gate never get to
+    # it; once the first ends, the gate admits it, even with a gate field left on its record.
     make_jobs(AGENTJOBS_TENANT_MAX_RUNNING="acme=1")
     ctx = job_context()
     records, gate = ctx.records, ctx.records.gate[0]
@@ -178,7 +178,7 @@ def test_a_turn_held_at_its_claim_is_admitted_whatever_its_gate_field_says(
     shard = ctx.keys.for_namespace(second)
     assert records.claim("t-second", second, "tok-2", 30, "w1").status is ClaimStatus.CAPPED
     ctx.redis.hset(shard.turn("t-second"), "gate", gate)  # a field outliving its count
-    assert ctx.redis.zscore(shard.pending, "t-second") is None
+    assert ctx.redis.zscore(shard.pending, "t-second") is not None
     assert records.gate_fill(10) == []  # acme is at its cap
     assert records.cancel("t-first", first, reason="done", ttl_s=60).ended
     admitted = records.gate_fill(10) + records.gate_fill(10)

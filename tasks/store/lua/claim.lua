@@ -26,7 +26,7 @@ elseif redis.call('LINDEX', K.queue, 0) ~= turn_id then
 elseif gate ~= '' and gate_hold_capped(gate, A.gate_cfg,
     cjson.encode({K.turn, K.pending, turn_id, at[9] or '', at[10] or '', at[11] or '',
       tonumber(at[6] or '1')}),
-    K.turn, K.pending, K.retries, turn_id, at[8] or '') then
+    K.turn, turn_id, at[8] or '') then
   -- Its tenant is at its running cap: held for the gate (common.lua, gate_hold_capped).
   refusal = R.CAPPED
 elseif not redis.call('SET', K.lease, lease_value(turn_id, token), 'PX', lease_ms, 'NX') then

@@ -175,7 +175,7 @@ local function gate_fill(g, cfg_json, now, limit)
           redis.call('HEXISTS', g .. ':owners', r[3]) == 0 then
         redis.call('ZADD', g .. ':unclaimed', now, r[3])
         gate_count(g, r[1], r[3], best)
-        redis.call('ZADD', r[2], now, r[3])
+        if held_state == STATE.QUEUED then redis.call('ZADD', r[2], now, r[3]) end
         admitted[#admitted + 1] = ref
         room = room - 1
       end
@@ -189,17 +189,15 @@ end
 
 -- A claim of a turn not counted in flight (a retry, the next turn of a conversation, a decided
 -- pause: none came through gate_admit) whose tenant is at its running cap: the turn is held in
--- its tenant's list, out of the pump's indices, until gate_fill admits it as a place frees,
--- rather than run over the cap. `ref` as gate_admit's, with the attempt. -> true when held.
-local function gate_hold_capped(g, cfg_json, ref, turn_key, pending_key, retries_key, turn_id,
-    tenant)
+-- its tenant's list until gate_fill admits it as a place frees, rather than run over the cap. `ref` as gate_admit's, with the attempt. -> true when held.
+local function gate_hold_capped(g, cfg_json, ref, turn_key, turn_id, tenant)
   if redis.call('HEXISTS', g .. ':owners', turn_id) == 1 then return false end
   if gate_under_cap(g, gate_config(cfg_json), tenant) then return false end
   redis.call('HDEL', turn_key, F.gate)
   redis.call('RPUSH', g .. ':held:' .. tenant, ref)
   redis.call('HSETNX', g .. ':active', tenant, 0)
-  redis.call('ZREM', pending_key, turn_id)
-  redis.call('ZREM', retries_key, turn_id)
+  -- It stays in the pump's indices: should the gate never get to it, the pump wakes it again
+  -- (a stalled queued turn, a due retry) and its claim decides again.
   return true
 end
 
