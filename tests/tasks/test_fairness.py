@@ -134,10 +134,21 @@ def test_retries_and_next_turns_keep_under_the_cap(make_jobs: Any) -> None:
         )
         for i in range(12)
     ]
+    ctx = job_context()
+    keys = []
+    for turn in turns:
+        record = ctx.records.find(turn.id)
+        assert record is not None
+        keys.append(ctx.keys.for_namespace(record.namespace).turn(turn.id))
     most = 0
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        states = [getattr(turn_status(t.id), "state", None) for t in turns]
+        # One MULTI/EXEC: a snapshot of every state at one instant, never torn by a turn that
+        # ends and another that starts between two reads.
+        with ctx.redis.pipeline(transaction=True) as pipe:
+            for key in keys:
+                pipe.hget(key, "state")
+            states = [raw.decode() if raw else "" for raw in pipe.execute()]
         most = max(most, states.count("running"))
         if all(s == "succeeded" for s in states):
             break
