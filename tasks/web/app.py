@@ -75,7 +75,12 @@ def create_app(*, token: str = "") -> Starlette:
         Route("/dead-letters/{entry_id}/purge", actions.purge_entry, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
-    app = Starlette(routes=routes, middleware=middleware, lifespan=_lifespan)
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        lifespan=_lifespan,
+        exception_handlers={RedisError: _store_away},
+    )
     app.state.token = token
     return app
 
@@ -90,6 +95,13 @@ STREAM_THREADS = 200
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     to_thread.current_default_thread_limiter().total_tokens = STREAM_THREADS
     yield
+
+
+async def _store_away(request: Request, exc: Exception) -> Response:
+    """Any page while the state store cannot be reached: 503 with one line, the server stays
+    up and the next request tries again."""
+    error = f"the state store is unreachable ({type(exc).__name__}); try again"
+    return JSONResponse({"error": error}, status_code=503)
 
 
 async def turn_events(request: Request) -> Response:

@@ -192,3 +192,20 @@ def test_the_overview_shows_budgets_in_use_and_tokens_by_tenant(make_jobs: Any) 
     assert limits["tokens:1000/1m"]["used"] == 120 + 300
     assert figures["usageLastDay"] == [{"tenant": "acme", "inputTokens": 700, "outputTokens": 42}]
     assert "fake:m1" in page and "420 / 1000" in page and "acme" in page
+
+
+def test_pages_answer_503_while_the_state_store_is_away(
+    make_jobs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.queue.context import reset
+    from tasks.testing import free_port
+
+    make_jobs()
+    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    reset()
+    with serving() as origin:
+        for path in ("/", "/turns", "/dead-letters", "/approvals"):
+            away = httpx.get(f"{origin}{path}", headers=JSON)
+            assert away.status_code == 503, path
+            assert "state store is unreachable" in away.json()["error"]
+        assert httpx.get(f"{origin}/login", headers=HTML).status_code == 200  # still serving
