@@ -55,13 +55,13 @@ def connect(target: StateTarget) -> StateClient:
     """A client for the state store, connecting lazily (the first command connects)."""
     common: dict[str, Any] = {"socket_keepalive": True, "health_check_interval": 30}
     if target.kind == "cluster":
-        seeds = [ClusterNode(host, port) for host, port in target.nodes]  # type: ignore[no-untyped-call]
+        seeds = [ClusterNode(host, port) for host, port in target.nodes]  # type: ignore[no-untyped-call, unused-ignore]
         return RedisCluster(
             startup_nodes=seeds, username=target.username, password=target.password, **common
         )
     if target.kind == "sentinel":
-        sentinel = Sentinel(list(target.nodes), socket_timeout=5.0)  # type: ignore[no-untyped-call]
-        master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(list(target.nodes), socket_timeout=5.0)  # type: ignore[no-untyped-call, unused-ignore]
+        master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
             target.master_name,
             db=target.db,
             username=target.username,
