@@ -218,6 +218,9 @@ def test_retries_show_as_retry_with_their_count_then_success(make_jobs: Any, mon
     assert types.count("task-retried") == 2, types
     assert types[-1] == "task-succeeded", types
     assert flower.task(result.id)["retries"] == 2
+    # (a worker started with task events renders the reply in it, as Celery does)
+    [succeeded] = [e for e in flower.events_of(result.id) if e["type"] == "task-succeeded"]
+    assert "'attempts': 3" in succeeded["result"], succeeded
     retried = [e for e in flower.events_of(result.id) if e["type"] == "task-retried"]
     assert retried[0]["exception"].startswith("waiting: attempt 2 due in ")
     assert "attempt 1 failed: " in retried[0]["exception"]

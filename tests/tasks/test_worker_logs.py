@@ -60,3 +60,24 @@ def test_the_success_lines_data_carries_no_reply_or_arguments(
     (record,) = caplog.records
     assert record.getMessage() == "Task tasks.run_turn[t-1] succeeded in 0.5s"
     assert record.data == context  # type: ignore[attr-defined]
+
+
+def test_a_worker_without_task_events_renders_no_turn_reply() -> None:
+    # Celery's trace renders each return value for the success line (ours leaves it out) and
+    # the task-succeeded event: without task events at the start, a turn's is never read.
+    from types import SimpleNamespace
+
+    from tasks.queue.app import app
+    from tasks.turn.worker import GUARDED_TASKS, skip_result_repr
+
+    tasks = [app.tasks[name] for name in GUARDED_TASKS]
+    other = app.tasks["celery.backend_cleanup"]
+    try:
+        skip_result_repr(SimpleNamespace(task_events=True, app=app))
+        assert [task.resultrepr_maxsize for task in tasks] == [1024, 1024]
+        skip_result_repr(SimpleNamespace(task_events=False, app=app))
+        assert [task.resultrepr_maxsize for task in tasks] == [0, 0]
+        assert other.resultrepr_maxsize == 1024
+    finally:
+        for task in tasks:
+            vars(task).pop("resultrepr_maxsize", None)
