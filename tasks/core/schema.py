@@ -336,7 +336,10 @@ ENDING_KEYS: Final = (
 
 REGISTER: Final = ScriptSchema(
     "register",
-    keys=("turn", "queue", "pending", "events", "deadlines", "submitted"),
+    # broker_queue: the broker's list the turn's message is pushed onto, when the broker is
+    # this Redis and the caller folds its publish into the registration (the turn key again
+    # when not: tasks/queue/broker.py, PublishFold).
+    keys=("turn", "queue", "pending", "events", "deadlines", "submitted", "broker_queue"),
     args=(
         "turn_id",
         "payload",
@@ -352,6 +355,8 @@ REGISTER: Final = ScriptSchema(
         "gate",
         "gate_cfg",
         "tenant",
+        # The message (kombu's encoding) for broker_queue, '' for none.
+        "message",
     ),
     replies=RegisterReply,
 )

@@ -22,18 +22,32 @@ holds for every URL scheme kombu maps to it: redis, rediss, sentinel):
 - anything else refused (declaring the queues when the consumer restarts, publishing) counts
   as a connection error: the consumer reconnects, with Celery's backoff, instead of exiting.
 One warning when Redis starts refusing the broker's writes, one line when it accepts them again.
+
+A submission's registration and its message in one step (PublishFold): when the broker is the
+state store's Redis, run_turn.delay registers the turn and pushes its message with one script
+(tasks/store/lua/register.lua), a round trip fewer per turn. The message is the one kombu's
+Redis transport builds and would push (Channel._put, patched here, takes it from there); a
+publish kombu would not push as one LPUSH (a queue with an expiry, a publish batch, a global
+key prefix) or a channel on another server is registered first and pushed by kombu as before.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils.json import dumps
+
+from tasks.core.schema import Registered
+from tasks.store.client import same_server
 
 logger = logging.getLogger("agentjobs.broker")
 
@@ -105,7 +119,65 @@ def _reject(self: Any, delivery_tag: Any, requeue: bool = False) -> None:
         _memory_ack(self, delivery_tag)  # as kombu's reject does: forget it in memory
 
 
+@dataclass
+class PublishFold:
+    """A turn's registration, waiting for its message: `register` records the turn, with
+    (the broker's list, the message) to push in the same step, or None to leave the push to
+    kombu. `outcome`: what the registration came to, once the message got to the broker."""
+
+    client: Any  # the state store's client
+    register: Callable[[tuple[str, bytes] | None], Registered]
+    outcome: Registered | None = None
+
+
+# The fold of the submission this thread is publishing (tasks/turn/tasks.py), if any.
+FOLD: ContextVar[PublishFold | None] = ContextVar("agentjobs_publish_fold", default=None)
+
+_redis_put: Callable[..., None] = kombu_redis.Channel._put
+
+# Per channel: whether it is on the state store's server (the verdict of its first fold).
+_ON_STATE_SERVER: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _put(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
+    fold = FOLD.get()
+    if fold is None:
+        _redis_put(self, queue, message, **kwargs)
+        return
+    if not _folds(self, queue, kwargs, fold.client):
+        # Registered first (once: kombu calls again after a connection error), then pushed.
+        if fold.outcome is None:
+            fold.outcome = fold.register(None)
+        if fold.outcome in (Registered.CREATED, Registered.EXISTS):
+            _redis_put(self, queue, message, **kwargs)
+        return
+    key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+    # Again after a connection error: a registration that ran already is found (EXISTS),
+    # with its message pushed by that same step.
+    fold.outcome = fold.register((key, dumps(message).encode()))  # type: ignore[no-untyped-call]
+
+
+def _folds(channel: Any, queue: str, kwargs: dict[str, Any], client: Any) -> bool:
+    """Whether kombu would push this message with one LPUSH of its own to the server the
+    state store's client is on."""
+    expires = getattr(channel, "_expires", None)
+    if kwargs.get("_publish_batch") is not None or (expires and queue in expires):
+        return False
+    if getattr(channel, "global_keyprefix", ""):
+        return False
+    found = _ON_STATE_SERVER.get(channel)
+    if found is None:
+        pool = channel.pool
+        found = type(pool) is redis.ConnectionPool and same_server(
+            pool.connection_kwargs, pool.connection_class, client
+        )
+        _ON_STATE_SERVER[channel] = found
+    return found
+
+
 def install() -> None:
+    if kombu_redis.Channel._put is not _put:
+        kombu_redis.Channel._put = _put  # type: ignore[method-assign]
     qos = kombu_redis.QoS
     if qos.ack is not _ack:
         qos.append, qos.ack, qos.reject = _append, _ack, _reject  # type: ignore[method-assign]

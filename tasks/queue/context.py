@@ -10,6 +10,7 @@ import functools
 from dataclasses import dataclass
 
 import orjson
+import redis
 from redis.cluster import RedisCluster
 
 from tasks.budgets.ledger import Ledger
@@ -37,6 +38,11 @@ class JobContext:
     epoch: StateEpoch
     # Provider budgets and tenant token caps (tasks/budgets/ledger.py), on the state store.
     ledger: Ledger
+    # Whether a submission registers its turn and pushes its message in one script
+    # (tasks/queue/broker.py, PublishFold): a Redis broker, a state store that is one plain
+    # Redis, the fairness gate off (a turn it holds gets no message yet). The broker's server
+    # is compared with the store's at the push.
+    folds_publish: bool = False
 
 
 def fairness_gate(settings: Settings, client: StateClient, keys: Keys) -> tuple[str, bytes]:
@@ -62,6 +68,11 @@ def build_context(settings: Settings) -> JobContext:
     keys = Keys(settings.key_prefix, settings.index_shards)
     records = TurnRecords(client, keys, gate=fairness_gate(settings, client, keys))
     store = ConversationStore(client, keys)
+    folds = (
+        type(client) is redis.Redis
+        and not records.gate[0]
+        and app.connection_for_write().transport_cls in ("redis", "rediss")
+    )
     return JobContext(
         settings=settings,
         redis=client,
@@ -72,6 +83,7 @@ def build_context(settings: Settings) -> JobContext:
         leases=LeaseKeeper(records, settings.lease_ttl_s),
         epoch=StateEpoch(client, keys.epoch, keys.epochs_lost),
         ledger=Ledger(client, keys),
+        folds_publish=folds,
     )
 
 

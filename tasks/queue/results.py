@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import socket
 import weakref
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -45,6 +44,7 @@ from celery.signals import worker_ready
 from tasks.core.errors import TurnCancelled, TurnDeadLettered
 from tasks.queue.app import app
 from tasks.queue.context import JobContext
+from tasks.store.client import same_server
 from tasks.store.records import CeleryResult, TurnRecord, TurnState
 
 logger = logging.getLogger("agentjobs.results")
@@ -157,10 +157,6 @@ def writes_inline(ctx: JobContext) -> bool:
     return _backend_is_state_redis(app.backend, ctx.redis)
 
 
-# Connection settings that make two Redis clients the same server, database and user.
-_SAME_SERVER = ("host", "port", "path", "db", "username", "password")
-
-
 # Per state client, the verdict (each thread has a backend of its own, all alike).
 _SHARED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
@@ -174,27 +170,11 @@ def _backend_is_state_redis(backend: Any, client: Any) -> bool:
 
 def _same_redis(backend: Any, client: Any) -> bool:
     """The backend is Celery's plain Redis backend (not Sentinel's, not another kind) on the
-    server, database and user of the state store's plain client (not a Cluster's), over the
-    same kind of connection."""
-    if type(backend) is not RedisBackend or type(client) is not redis.Redis:
+    state store's server, database and user (store/client.py, same_server)."""
+    if type(backend) is not RedisBackend:
         return False
-    pool = client.connection_pool
-    if type(pool) is not redis.ConnectionPool:
-        return False  # a Sentinel master's pool finds its server by asking
-    ours = pool.connection_kwargs
     theirs = backend.connparams
-    if pool.connection_class is not theirs.get("connection_class", redis.Connection):
-        return False
-    return all(_normal(ours, name) == _normal(theirs, name) for name in _SAME_SERVER)
-
-
-def _normal(params: Mapping[str, Any], name: str) -> Any:
-    value = params.get(name)
-    if name == "db":
-        return int(value or 0)
-    if name == "port":
-        return int(value or 6379) if params.get("path") is None else None
-    return value or None
+    return same_server(theirs, theirs.get("connection_class", redis.Connection), client)
 
 
 def _as_bytes(payload: str | bytes) -> bytes:

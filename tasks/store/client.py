@@ -72,6 +72,34 @@ def connect(target: StateTarget) -> StateClient:
     return redis.Redis.from_url(target.url, **common)
 
 
+# Connection settings that make two Redis clients the same server, database and user.
+_SAME_SERVER = ("host", "port", "path", "db", "username", "password")
+
+
+def same_server(params: Mapping[str, Any], connection_class: type, client: Any) -> bool:
+    """Whether a connection built from `params` (redis-py's connection keyword arguments, as
+    a pool or Celery's backend holds them) with `connection_class` reaches the server,
+    database and user of `client`, the state store's plain client (not a Cluster's, not a
+    Sentinel master's, whose pool finds its server by asking), over the same kind of
+    connection."""
+    if type(client) is not redis.Redis:
+        return False
+    pool = client.connection_pool
+    if type(pool) is not redis.ConnectionPool or pool.connection_class is not connection_class:
+        return False
+    ours = pool.connection_kwargs
+    return all(_normal(ours, name) == _normal(params, name) for name in _SAME_SERVER)
+
+
+def _normal(params: Mapping[str, Any], name: str) -> Any:
+    value = params.get(name)
+    if name == "db":
+        return int(value or 0)
+    if name == "port":
+        return int(value or 6379) if params.get("path") is None else None
+    return value or None
+
+
 @dataclass(frozen=True)
 class Loss:
     """A store found to have lost its data: the epoch known before, the one now."""

@@ -485,11 +485,16 @@ class TurnRecords:
         trace: str = "",
         tenant: str = "",
         gated: bool = False,
+        publish: tuple[str, bytes] | None = None,
     ) -> Registered:
         """Record a submitted turn and queue it behind its conversation's earlier turns, with
         the trace context its attempts join (`trace`, tasks/telemetry/tracing.py). A turn id already
-        recorded is left as it is."""
+        recorded is left as it is. `publish`: (the broker's list, the message) to push a new
+        turn's message in the same step, when the broker is this Redis (a client that is not
+        a Cluster's: the list's key is in no turn's slot)."""
         k = self._keys.for_namespace(namespace)
+        keys = self._queue_keys(k, turn_id, namespace)
+        keys["broker_queue"] = publish[0] if publish else keys["turn"]
         args = {
             "turn_id": turn_id,
             "payload": payload,
@@ -503,8 +508,9 @@ class TurnRecords:
             "gate": self.gate[0] if gated else "",
             "gate_cfg": self.gate[1] if gated else b"",
             "tenant": tenant,
+            "message": publish[1] if publish else b"",
         }
-        created = int(self._run(schema.REGISTER, self._queue_keys(k, turn_id, namespace), args))
+        created = int(self._run(schema.REGISTER, keys, args))
         return REGISTERED.get(created, Registered.CONFLICT)
 
     def unregister(self, turn_id: str, namespace: str) -> None:

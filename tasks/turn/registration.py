@@ -32,12 +32,15 @@ def register_turn(
     request: TurnRequest | None = None,
     fresh: bool = False,
     gated: bool = False,
+    publish: tuple[str, bytes] | None = None,
 ) -> tuple[str, Registered]:
     """Record a submitted turn behind its conversation's earlier turns; returns its namespace
     ('' for a payload too broken to queue) and whether it was new. `request` is `kwargs`
     already parsed, when the caller has it; `fresh` says this process made the id up (a
     uuid nobody else can hold), so its ownership needs no check. `gated`: the tenant fairness
-    gate decides whether it is published now (Registered.HELD: not yet; tasks/turn/fairness.py)."""
+    gate decides whether it is published now (Registered.HELD: not yet; tasks/turn/fairness.py).
+    `publish`: the broker's list and the message to push with a new turn's record
+    (tasks/queue/broker.py, PublishFold)."""
     if request is None:
         with contextlib.suppress(BadPayload):
             request = parse_payload(kwargs, max_deadline_s=ctx.settings.max_deadline_s)
@@ -64,6 +67,7 @@ def register_turn(
         trace=current_trace() or "",  # the submitter's trace: every attempt joins it
         tenant=owner_of_namespace(namespace)[0] or "" if namespace else "",
         gated=gated,
+        publish=publish,
     )
     return namespace, registered
 

@@ -13,19 +13,24 @@ only a wake-up: the turn record decides what runs, so duplicates and redeliverie
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
 from celery import Task
 
 from tasks.core.errors import TurnDeadLettered
+from tasks.core.payload import TurnRequest
 from tasks.queue.app import app
-from tasks.queue.context import job_context
+from tasks.queue.broker import FOLD, PublishFold
+from tasks.queue.context import JobContext, job_context
 from tasks.store.client import stamp_of
 from tasks.store.records import Registered
 from tasks.turn import ending
 from tasks.turn.delivery import drive_turn
 from tasks.turn.registration import check_request, check_task_id, refusal, register_turn
+
+logger = logging.getLogger("agentjobs.submit")
 
 
 class SubmitTurnTask(Task):  # type: ignore[misc]
@@ -43,6 +48,8 @@ class SubmitTurnTask(Task):  # type: ignore[misc]
         request = check_request(args, kwargs, max_deadline_s=ctx.settings.max_deadline_s)
         fresh = task_id is None
         task_id = str(uuid.uuid4()) if task_id is None else check_task_id(task_id)
+        if fresh and ctx.folds_publish:
+            return self._register_publishing(ctx, task_id, kwargs, request, options)
         namespace, registered = register_turn(
             ctx, task_id, kwargs, request=request, fresh=fresh, gated=True
         )
@@ -64,6 +71,42 @@ class SubmitTurnTask(Task):  # type: ignore[misc]
             # caller's back when the caller retries with a new id.
             ctx.records.unregister(task_id, namespace)
             raise
+
+    def _register_publishing(
+        self,
+        ctx: JobContext,
+        task_id: str,
+        kwargs: Any,
+        request: TurnRequest,
+        options: dict[str, Any],
+    ) -> Any:
+        """Register the turn as its message reaches the broker, in the same step when the
+        broker is the state store's Redis (tasks/queue/broker.py, PublishFold): one round
+        trip for both. A new id is the caller's own, so only a refused write can fail it."""
+
+        def register(publish: tuple[str, bytes] | None) -> Registered:
+            return register_turn(
+                ctx, task_id, kwargs, request=request, fresh=True, gated=True, publish=publish
+            )[1]
+
+        fold = PublishFold(ctx.redis, register)
+        token = FOLD.set(fold)
+        try:
+            result = ending.publish_turn(ctx, task_id, kwargs, **options)
+        except Exception:
+            ctx.records.unregister(task_id, request.namespace)  # as apply_async does
+            raise
+        finally:
+            FOLD.reset(token)
+        if fold.outcome is None:
+            # kombu published without its Redis channel's push (a transport it chose
+            # otherwise): recorded now, as a worker would record a message it finds no turn for.
+            logger.warning("turn %s: published before it was registered", task_id)
+            fold.outcome = register(None)
+        refused = refusal(fold.outcome)
+        if refused is not None:
+            raise refused
+        return result
 
 
 _TASK_OPTIONS: dict[str, Any] = {

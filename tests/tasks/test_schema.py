@@ -349,7 +349,7 @@ def key_named(name: str, keys: Keys, k: ShardKeys, turn_id: str) -> set[str]:
         return {k.retries, k.running, k.pending, k.deadlines, k.pauses, k.finished}
     if name == "workers":
         return {keys.workers}
-    if name == "celery_result":  # the turn's own key when no Celery result is written
+    if name in ("celery_result", "broker_queue"):  # the turn's own key when not written
         return {k.turn(turn_id)}
     return {getattr(k, name)}
 

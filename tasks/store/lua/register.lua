@@ -1,6 +1,8 @@
 -- Record a submitted turn and queue it behind its conversation's earlier turns, with its
 -- deadline (deadline_ms from now by the server's clock; 0 for none) and the trace context its
--- attempts join (tasks/telemetry/tracing.py; '' for none).
+-- attempts join (tasks/telemetry/tracing.py; '' for none). With A.message, a new turn's
+-- message is pushed onto the broker's list in the same step (the broker is this Redis:
+-- tasks/queue/broker.py, PublishFold); a turn the fairness gate holds gets none yet.
 -- -> created (1) when recorded; exists (0) when this turn id was already recorded with the
 -- same payload (a resubmission: left as it is); conflict (-1) when it was recorded with
 -- another payload (refused).
@@ -52,4 +54,5 @@ if A.gate ~= '' and namespace ~= '' then
     return R.HELD
   end
 end
+if A.message ~= '' then redis.call('LPUSH', K.broker_queue, A.message) end
 return R.CREATED
