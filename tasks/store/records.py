@@ -102,12 +102,6 @@ def _json(fields: dict[str, str], name: str) -> Any:
     return orjson.loads(raw) if raw else None
 
 
-def _bytes(raw: Any, name: str) -> bytes:
-    """A field as Redis sent it (large JSON values are parsed from bytes, never decoded)."""
-    value = raw.get(name.encode(), raw.get(name, b""))
-    return value if isinstance(value, bytes) else value.encode()
-
-
 @dataclass(frozen=True)
 class TurnRecord:
     """One turn as Redis holds it (the hash at ShardKeys.turn)."""
@@ -172,10 +166,17 @@ class TurnRecord:
 
     @classmethod
     def _from_redis(cls, turn_id: str, raw: Any) -> TurnRecord:
-        fields = {_text(k): _text(v) for k, v in raw.items() if not _is_large(k)}
+        # One pass: the small fields decoded, the large ones (_LARGE_FIELDS) kept as bytes.
+        fields: dict[str, str] = {}
+        large: dict[str, bytes] = {}
+        for key, value in raw.items():
+            name = key.decode() if isinstance(key, bytes) else key
+            if name in _LARGE_FIELDS or name.startswith(_LARGE_PREFIXES):
+                large[name] = value if isinstance(value, bytes) else value.encode()
+            else:
+                fields[name] = value.decode() if isinstance(value, bytes) else value
         count = _int(fields, Field.FRAMES)
-        frames = tuple(_bytes(raw, f"{FieldPrefix.FRAME}{n}") for n in range(1, count + 1))
-        names = [_text(k) for k in raw]
+        frames = tuple(large.get(f"{FieldPrefix.FRAME}{n}", b"") for n in range(1, count + 1))
         return cls(
             turn_id=turn_id,
             state=TurnState(fields[Field.STATE]),
@@ -196,13 +197,11 @@ class TurnRecord:
             first_failed_at_ms=_int(fields, Field.FIRST_FAILED_AT_MS),
             worker=fields.get(Field.WORKER, ""),
             token=fields.get(Field.TOKEN, ""),
-            checkpoint=_bytes(raw, Field.CHECKPOINT),
+            checkpoint=large.get(Field.CHECKPOINT, b""),
             frames=frames,
-            base=_bytes(raw, Field.BASE),
-            base_frames=_frames_array(_bytes(raw, Field.BASE_FRAMES)),
-            journal={
-                name: _bytes(raw, name) for name in names if name.startswith(FieldPrefix.JOURNAL)
-            },
+            base=large.get(Field.BASE, b""),
+            base_frames=_frames_array(large.get(Field.BASE_FRAMES, b"")),
+            journal={name: value for name, value in large.items() if name.startswith(_JOURNAL)},
             last_error=fields.get(Field.LAST_ERROR, ""),
             result=_json(fields, Field.RESULT),
             dlq_id=fields.get(Field.DLQ_ID, ""),
@@ -215,9 +214,9 @@ class TurnRecord:
             paused_at_ms=_int(fields, Field.PAUSED_AT_MS),
             pause_expires_at_ms=_int(fields, Field.PAUSE_EXPIRES_AT_MS),
             decisions={
-                name.removeprefix(FieldPrefix.DECISION): _bytes(raw, name)
-                for name in names
-                if name.startswith(FieldPrefix.DECISION)
+                name.removeprefix(_DECISION): value
+                for name, value in large.items()
+                if name.startswith(_DECISION)
             },
             deciders={
                 name.removeprefix(FieldPrefix.DECIDED_BY): value
@@ -272,14 +271,10 @@ def _frames_array(raw: bytes) -> tuple[Frame, ...]:
     return tuple(frames)
 
 
-# Fields kept as bytes, not decoded with the small ones.
-_LARGE_FIELDS = (Field.CHECKPOINT, Field.BASE, Field.BASE_FRAMES)
-_LARGE_PREFIXES = (FieldPrefix.FRAME, FieldPrefix.JOURNAL, FieldPrefix.DECISION)
-
-
-def _is_large(name: bytes | str) -> bool:
-    text = _text(name)
-    return text in _LARGE_FIELDS or text.startswith(_LARGE_PREFIXES)
+# Fields kept as bytes, not decoded with the small ones (plain str, for the set lookup).
+_LARGE_FIELDS = frozenset(str(name) for name in (Field.CHECKPOINT, Field.BASE, Field.BASE_FRAMES))
+_JOURNAL, _DECISION = str(FieldPrefix.JOURNAL), str(FieldPrefix.DECISION)
+_LARGE_PREFIXES = (str(FieldPrefix.FRAME), _JOURNAL, _DECISION)
 
 
 @dataclass(frozen=True)
