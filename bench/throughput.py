@@ -7,19 +7,23 @@ Celery's default concurrency, the CPU count, unless --concurrency says otherwise
                                                      inside a bare Celery task
   P2  (c) run_turn, a provider sleeping 200 ms   against (d) a bare Celery task sleeping 200 ms
 
-Our side runs as the Procfile does: a worker and the pump. Each side runs on its own worker,
-started for its measurements and stopped after them; --rounds repeats both sides in turn
-(bare, ours, bare, ours, ...) and the ratios reported are the medians of the rounds, since one
-run on 2 cores varies by 10-20%. Goals: b/a >= 0.9, f/e >= 0.8, c/d >= 0.95; --strict exits 1
+Our side runs as the Procfile does: a worker and the pump; the bare side on a worker of its
+own. All three run for the whole run, each side idle while the other is measured, and each
+ratio comes from its two measurements back to back, the side that goes first alternating by
+round: this machine's speed drifts by 20-40% over a minute, and a ratio of two measurements
+half a minute apart carried that drift. The ratios reported are the medians of the rounds.
+Each line gives the CPU each process spent per task (the client is this process): on 2 cores
+their total predicts the rate. Goals: b/a >= 0.9, f/e >= 0.8, c/d >= 0.95; --strict exits 1
 when one is missed.
 
-    .venv/bin/python bench/throughput.py [--rounds 3] [--turns 1500] [--concurrency N] [--strict]
+    .venv/bin/python bench/throughput.py [--rounds 5] [--turns 1000] [--concurrency N] [--strict]
                                          [--fairness]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -42,6 +46,7 @@ AGENTS = {
 }
 GOALS = {"b/a": 0.9, "f/e": 0.8, "c/d": 0.95}
 WARM_UP = 200
+CONVERSATIONS = itertools.count()
 
 
 # The processes whose CPU a measurement reports per task, by name (pid), besides this one.
@@ -77,62 +82,46 @@ def measure(label: str, submit: Callable[[int], Any], count: int) -> float:
     return rate
 
 
-def bare_side(
-    env: dict[str, str], logs: Path, concurrency: int, turns: int, slow: int
-) -> dict[str, float]:
-    from bench.celery_noop import agent_in_memory, noop, sleep
-
-    worker = start_worker(env, logs, name="bare", app="bench.celery_noop", concurrency=concurrency)
-    WATCHED["worker"] = worker.pid
-    WATCHED.pop("pump", None)
-    try:
-        measure("warm-up", lambda i: noop.delay(), WARM_UP)
-        return {
-            "a": measure("(a) bare Celery no-op task", lambda i: noop.delay(), turns),
-            "e": measure(
-                "(e) bare task, one tool round in memory",
-                lambda i: agent_in_memory.delay("one_round", "hi"),
-                turns,
-            ),
-            "d": measure(
-                f"(d) bare task sleeping {PROVIDER_SLEEP_S * 1000:.0f} ms",
-                lambda i: sleep.delay(PROVIDER_SLEEP_S),
-                slow,
-            ),
-        }
-    finally:
-        worker.stop()
-
-
-def our_side(
-    env: dict[str, str], logs: Path, concurrency: int, turns: int, slow: int, tag: str
-) -> dict[str, float]:
-    from tasks import run_turn
-
-    def turn(agent: str, prefix: str) -> Callable[[int], Any]:
-        return lambda i: run_turn.delay(
-            agent=agent, conversation_id=f"{tag}{prefix}{i}", message="hi"
-        )
-
-    processes: list[Process] = [
+def start_sides(env: dict[str, str], logs: Path, concurrency: int) -> list[Process]:
+    """Both sides' processes, for the whole run: the bare worker (bench.celery_noop, queue
+    `celery`) and ours as the Procfile runs it, the pump and a worker (queue
+    `agentjobs.turns`). Each side is idle while the other is measured: a worker blocked in
+    BRPOP and the idle pump (bench/pump_idle.py: about 3 ms of CPU a second) cost the other
+    side well under 1%."""
+    processes = [
+        start_worker(env, logs, name="bare", app="bench.celery_noop", concurrency=concurrency),
         start_pump(env, logs),
         start_worker(env, logs, name="ours", app="tasks", concurrency=concurrency),
     ]
-    WATCHED.update(pump=processes[0].pid, worker=processes[1].pid)
-    try:
-        measure("warm-up turns", turn("instant", "w"), WARM_UP)
-        return {
-            "b": measure("(b) run_turn, instant provider", turn("instant", "b"), turns),
-            "f": measure("(f) run_turn, one tool round", turn("one_round", "f"), turns),
-            "c": measure(
-                f"(c) run_turn, provider sleeping {PROVIDER_SLEEP_S * 1000:.0f} ms",
-                turn("sleeping", "c"),
-                slow,
-            ),
-        }
-    finally:
-        for process in reversed(processes):
-            process.stop()
+    WATCHED.update(bare=processes[0].pid, pump=processes[1].pid, ours=processes[2].pid)
+    return processes
+
+
+def cases(slow: int) -> dict[str, tuple[str, Callable[[int], Any], int | None]]:
+    """Each measurement by its letter: its label, how one task is submitted, and how many
+    (None: --turns)."""
+    from bench.celery_noop import agent_in_memory, noop, sleep
+    from tasks import run_turn
+
+    def turn(agent: str) -> Callable[[int], Any]:
+        # A conversation of its own per turn, over the whole run: no turn waits behind another.
+        return lambda i: run_turn.delay(
+            agent=agent, conversation_id=f"{agent}-{next(CONVERSATIONS)}", message="hi"
+        )
+
+    slow_ms = f"{PROVIDER_SLEEP_S * 1000:.0f} ms"
+    return {
+        "a": ("(a) bare Celery no-op task", lambda i: noop.delay(), None),
+        "b": ("(b) run_turn, instant provider", turn("instant"), None),
+        "e": (
+            "(e) bare task, one tool round in memory",
+            lambda i: agent_in_memory.delay("one_round", "hi"),
+            None,
+        ),
+        "f": ("(f) run_turn, one tool round", turn("one_round"), None),
+        "d": (f"(d) bare task sleeping {slow_ms}", lambda i: sleep.delay(PROVIDER_SLEEP_S), slow),
+        "c": (f"(c) run_turn, provider sleeping {slow_ms}", turn("sleeping"), slow),
+    }
 
 
 def main() -> int:
@@ -143,8 +132,8 @@ def main() -> int:
         default=os.cpu_count() or 1,
         help="worker threads (default: the CPU count, Celery's default, as in the Procfile)",
     )
-    parser.add_argument("--turns", type=int, default=1500, help="for (a), (b), (e), (f)")
-    parser.add_argument("--rounds", type=int, default=3, help="bare then ours, this many times")
+    parser.add_argument("--turns", type=int, default=1000, help="for (a), (b), (e), (f)")
+    parser.add_argument("--rounds", type=int, default=5, help="each pair, this many times")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
     parser.add_argument(
         "--fairness",
@@ -166,17 +155,29 @@ def main() -> int:
         # This process is the client of both apps.
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS"))})
         print(f"threads pool, concurrency {args.concurrency}, loglevel INFO; {args.rounds} rounds")
+        processes = start_sides(env, logs, args.concurrency)
         try:
+            measured = cases(slow)
+            for warm in ("a", "b", "e", "f"):
+                label, submit, _ = measured[warm]
+                measure(f"warm-up {label}", submit, WARM_UP)
             for round_number in range(1, args.rounds + 1):
                 print(f"round {round_number}")
-                bare = bare_side(env, logs, args.concurrency, args.turns, slow)
-                ours = our_side(env, logs, args.concurrency, args.turns, slow, f"r{round_number}")
                 for name in GOALS:
                     top, bottom = name.split("/")
-                    ratios[name].append(ours[top] / bare[bottom])
+                    # Each pair back to back, the side that goes first alternating by round:
+                    # the machine's drift between the two stays small and cancels out.
+                    pair = (bottom, top) if round_number % 2 else (top, bottom)
+                    rates = {}
+                    for letter in pair:
+                        label, submit, count = measured[letter]
+                        rates[letter] = measure(label, submit, count or args.turns)
+                    ratios[name].append(rates[top] / rates[bottom])
                 shown = "  ".join(f"{name} {values[-1]:.2f}" for name, values in ratios.items())
                 print(f"  {shown}")
         finally:
+            for process in reversed(processes):
+                process.stop()
             server.stop()
     print()
     met = []
