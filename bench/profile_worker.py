@@ -9,10 +9,13 @@ The client's side is not in it.
     .venv/bin/python bench/profile_worker.py [--agent instant|one_round] [--turns 500]
                                              [--top 30] [--out worker.prof]
 
-The .prof file opens in any pstats viewer (`python -m pstats worker.prof`, snakeviz). For the
-threads pool as the Procfile runs it, py-spy sees every thread without changing the worker:
-`py-spy record -o worker.svg --pid WORKER_PID` while bench/throughput.py runs (py-spy is not a
-dependency of the project; install it where you profile).
+The .prof file opens in any pstats viewer (`python -m pstats worker.prof`, snakeviz). cProfile
+counts wall time: a call waiting on Redis's reply shows as the time of the socket read. For the
+CPU of the threads pool as the Procfile runs it, py-spy sees every thread without changing the
+worker, and with --gil only the samples that hold the interpreter (what costs CPU in Python):
+`py-spy record --gil --rate 500 --format raw -o worker.txt --pid WORKER_PID` while
+bench/throughput.py runs (py-spy is not a dependency of the project; install it where you
+profile). bench/redis_cpu.py shows the server's side of a turn, command by command.
 """
 
 from __future__ import annotations
