@@ -55,7 +55,7 @@ from tasks.core.errors import HandedOver, JobError, LeaseLost
 from tasks.core.namespaces import owner_of_namespace
 from tasks.core.schema import Event
 from tasks.queue.context import JobContext
-from tasks.queue.results import RUNNING, report_state
+from tasks.queue.results import RUNNING
 from tasks.store.journal import call_fields, response_fields
 from tasks.store.progress import FrameWriter
 from tasks.store.records import TurnRecord
@@ -279,7 +279,7 @@ class TurnCheckpoints(RunHooks):
                 return
             self.reported_iteration = self.iteration
             info = {"state": "running", "attempt": self.attempt, "iteration": self.iteration}
-            report_state(self.turn_id, RUNNING, info)
+            ending.mirror_state(self.ctx, self.record, RUNNING, info)
 
     def decided(self) -> None:
         """The outcome is decided: no RUNNING mirror from now on."""

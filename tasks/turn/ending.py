@@ -157,6 +157,20 @@ def _write(
     return patiently(ctx, record, write, *args, **kw) if patient else write(*args, **kw)
 
 
+def mirror_state(ctx: JobContext, record: TurnRecord, state: str, info: dict[str, Any]) -> None:
+    """Mirror a released turn's state (WAITING, PAUSED, RUNNING) to Celery's backend. Celery's
+    store reads the key before it writes, so as not to overwrite a success, but not in one step:
+    a turn that ended in between (a decision resumed it and it succeeded, a cancel) would be
+    left showing `state` for good. Read after the write, an ended record gets its final result
+    written again (the mixed soak found a succeeded turn whose result said PAUSED)."""
+    report_state(record.turn_id, state, info)
+    try:
+        if ctx.records.has_ended(record.turn_id, record.namespace):
+            write_final_result(ctx, record.turn_id, record.namespace)
+    except redis.RedisError as exc:
+        logger.warning("turn %s: its final result was not checked (%s)", record.turn_id, exc)
+
+
 # -- messages ------------------------------------------------------------------------------------
 
 
@@ -328,7 +342,7 @@ def schedule_retry(
         "dueAt": due_ms,
         "lastError": text,
     }
-    report_state(record.turn_id, WAITING, info)
+    mirror_state(ctx, record, WAITING, info)
     send_from_worker(
         record.turn_id,
         TASK_RETRIED,
@@ -374,7 +388,7 @@ def wait(
         "iteration": iteration,
         "dueAt": due_ms,
     }
-    report_state(record.turn_id, WAITING, info)
+    mirror_state(ctx, record, WAITING, info)
     send_from_worker(
         record.turn_id,
         TASK_RETRIED,
@@ -400,7 +414,7 @@ def pause(
         return False
     paused = ctx.records.get(record.turn_id, record.namespace)
     pending = [a.as_dict() for a in pending_actions(paused)] if paused else []
-    report_state(record.turn_id, PAUSED, {**info, "pending": pending})
+    mirror_state(ctx, record, PAUSED, {**info, "pending": pending})
     send_from_worker(
         record.turn_id,
         TASK_RETRIED,

@@ -311,3 +311,30 @@ def test_the_command_line_lists_and_decides_pauses(jobs: Any) -> None:
     assert refund.get(timeout=30)["content"] == "done: A shipped | refunded C"
     assert question.get(timeout=30)["content"] == "done: the red one"
     assert "no turn is waiting" in cli("turn", "pending")
+
+
+def test_a_pause_mirrored_after_its_turn_ended_leaves_the_final_result(
+    jobs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery import states
+
+    from tasks import app
+    from tasks.queue.context import job_context
+    from tasks.queue.results import PAUSED
+    from tasks.turn import ending
+
+    # Given a turn that succeeded
+    result = run_turn.delay(agent="demo", conversation_id="c-late-mirror", message="hi")
+    reply = result.get(timeout=30)
+    ctx = job_context()
+    record = ctx.records.find(result.id)
+    assert record is not None
+    # When its PAUSED mirror lands after the success: Celery's store read the key before the
+    # success was there (its read and its write are two steps; the mixed soak hit this)
+    backend = app.backend
+    monkeypatch.setattr(backend, "_get_task_meta_for", lambda task_id: {"status": states.PENDING})
+    ending.mirror_state(ctx, record, PAUSED, {"state": "paused", "pending": []})
+    monkeypatch.undo()
+    # Then the turn's Celery result is its success again
+    after = AsyncResult(result.id, app=app)
+    assert after.state == states.SUCCESS and after.get(timeout=5) == reply
