@@ -271,8 +271,6 @@ def _frames_array(raw: bytes) -> tuple[Frame, ...]:
     return tuple(frames)
 
 
-_TERMINAL_STATES = frozenset(str(state.value) for state in TurnState if state.terminal)
-
 # Fields kept as bytes, not decoded with the small ones (plain str, for the set lookup).
 _LARGE_FIELDS = frozenset(str(name) for name in (Field.CHECKPOINT, Field.BASE, Field.BASE_FRAMES))
 _JOURNAL, _DECISION = str(FieldPrefix.JOURNAL), str(FieldPrefix.DECISION)
@@ -995,7 +993,7 @@ class TurnRecords:
     def has_ended(self, turn_id: str, namespace: str) -> bool:
         """Whether the turn's record says it ended (one field, one round trip)."""
         state = self._redis.hget(self._keys.for_namespace(namespace).turn(turn_id), Field.STATE)
-        return state is not None and _text(state) in _TERMINAL_STATES
+        return state is not None and _text(state) in schema.TERMINAL_STATES
 
     def conversation_head(self, namespace: str) -> str | None:
         head = self._redis.lindex(self._keys.for_namespace(namespace).queue(namespace), 0)
