@@ -295,9 +295,15 @@ class Observer:
         self.task_ids = task_ids
         self._ended: set[str] = set()
 
-    def fetch(self, ids: list[str], fields: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    def fetch(
+        self, ids: list[str], fields: tuple[str, ...], *, snapshot: bool = False
+    ) -> dict[str, dict[str, str]]:
+        """`fields` of each turn's record; with `snapshot`, all read at one instant (MULTI/EXEC):
+        read one after another, the rows could hold a turn that ended beside the one that
+        started in its place."""
+
         def read() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=snapshot)
             for task_id in ids:
                 pipe.hmget(self.turn_key(task_id), list(fields))
             return pipe.execute()
@@ -329,7 +335,8 @@ class Observer:
     def running(self, worker_prefix: str = "") -> dict[str, InFlight]:
         fields = ("state", "worker", "token", "iteration")
         found: dict[str, InFlight] = {}
-        for task_id, row in self.fetch(self.open_ids(), fields).items():
+        rows = self.fetch(self.open_ids(), fields, snapshot=True)
+        for task_id, row in rows.items():
             if row["state"] == "running" and row["worker"].startswith(worker_prefix):
                 found[task_id] = InFlight(
                     task_id,

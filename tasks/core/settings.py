@@ -126,6 +126,10 @@ class Settings:
     # in ..."): off, since a turn's events and status say as much, and the two lines cost a
     # short turn several percent of its throughput. Warnings and errors are logged either way.
     celery_task_logs: bool = False
+    # kombu's unacked record (Redis broker) for every turn wake-up a worker takes: off, since a
+    # turn stays in a time index until a claim takes it and the pump wakes it from there; each
+    # record and its removal cost a delivery two round trips (tasks/queue/broker.py).
+    unacked_wakeups: bool = False
     # A turn's streamed text reaches its event stream at most once per this many ms (plus once
     # when each model call ends): the writes per turn follow the time a reply takes, not the
     # number of pieces the provider sends it in (tasks/turn/tokens.py).
@@ -209,6 +213,7 @@ def load_settings(
         anthropic_base_url=env.http_url("ANTHROPIC_BASE_URL"),
         otel_capture_content=env.flag("AGENTJOBS_OTEL_CAPTURE_CONTENT", False),
         celery_task_logs=env.flag("AGENTJOBS_CELERY_TASK_LOGS", False),
+        unacked_wakeups=env.flag("AGENTJOBS_UNACKED_WAKEUPS", False),
         token_flush_ms=env.count(
             "AGENTJOBS_TOKEN_FLUSH_MS", Settings.token_flush_ms, maximum=MAX_TOKEN_FLUSH_MS
         ),

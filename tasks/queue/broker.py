@@ -29,6 +29,20 @@ state store's Redis, run_turn.delay registers the turn and pushes its message wi
 Redis transport builds and would push (Channel._put, patched here, takes it from there); a
 publish kombu would not push as one LPUSH (a queue with an expiry, a publish batch, a global
 key prefix) or a channel on another server is registered first and pushed by kombu as before.
+
+Turn wake-ups held in memory only (hold_wakeups_in_memory, on in every worker unless
+AGENTJOBS_UNACKED_WAKEUPS=1): kombu's Redis transport records each delivery in its unacked
+index (ZADD and HSET of the whole message, in a MULTI) and removes it at the ack (ZREM and
+HDEL, another MULTI), so that a message whose worker died comes back after the visibility
+timeout (an hour). For a message stamped with the state store's epoch (its turn was recorded
+before it was published: tasks/turn/ending.py, publish_turn and wake) that record repeats what
+the turn record already guarantees: a turn stays in a time index of its shard (pending, retries,
+running) until a claim takes it, and the pump wakes it from there when no worker did
+(docs/operations.md, "Messages are wake-ups"), sooner than the visibility timeout would. Such a
+delivery is counted in the worker's memory only (the prefetch limit still holds), its ack
+writes nothing, and a requeueing reject pushes it back from memory: two round trips and six
+Redis commands fewer per delivery. A message without the stamp (sent around run_turn.delay,
+its turn not yet recorded) keeps kombu's record.
 """
 
 from __future__ import annotations
@@ -47,7 +61,7 @@ from kombu.transport import virtual
 from kombu.utils.json import dumps
 
 from tasks.core.schema import Registered
-from tasks.store.client import same_server
+from tasks.store.client import STAMP_HEADER, same_server
 
 logger = logging.getLogger("agentjobs.broker")
 
@@ -91,7 +105,38 @@ _memory_append: Callable[..., None] = virtual.QoS.append
 _memory_ack: Callable[..., None] = virtual.QoS.ack
 
 
+class _Wakeups:
+    """Whether this process holds stamped turn wake-ups in memory only (a worker sets it at
+    its start from AGENTJOBS_UNACKED_WAKEUPS); off elsewhere, so kombu is left as it is."""
+
+    in_memory = False
+
+
+WAKEUPS = _Wakeups()
+
+
+def hold_wakeups_in_memory(on: bool) -> None:
+    WAKEUPS.in_memory = on
+
+
+def _untracked(qos: Any) -> set[Any]:
+    """The delivery tags `qos` holds in memory only (one set per channel's QoS)."""
+    tags: set[Any] | None = qos.__dict__.get("_agentjobs_untracked")
+    if tags is None:
+        tags = qos.__dict__["_agentjobs_untracked"] = set()
+    return tags
+
+
+def _is_wakeup(message: Any) -> bool:
+    headers = getattr(message, "headers", None)
+    return isinstance(headers, dict) and STAMP_HEADER in headers
+
+
 def _append(self: Any, message: Any, delivery_tag: Any) -> None:
+    if WAKEUPS.in_memory and _is_wakeup(message):
+        _untracked(self).add(delivery_tag)
+        _memory_append(self, message, delivery_tag)
+        return
     try:
         _redis_append(self, message, delivery_tag)
     except REFUSED_WRITES as exc:
@@ -103,6 +148,11 @@ def _append(self: Any, message: Any, delivery_tag: Any) -> None:
 
 
 def _ack(self: Any, delivery_tag: Any) -> None:
+    untracked = _untracked(self)
+    if delivery_tag in untracked:
+        untracked.discard(delivery_tag)
+        _memory_ack(self, delivery_tag)
+        return
     try:
         _redis_ack(self, delivery_tag)
     except REFUSED_WRITES as exc:
@@ -112,6 +162,20 @@ def _ack(self: Any, delivery_tag: Any) -> None:
 
 
 def _reject(self: Any, delivery_tag: Any, requeue: bool = False) -> None:
+    untracked = _untracked(self)
+    if delivery_tag in untracked:
+        untracked.discard(delivery_tag)
+        if requeue:
+            # Back to the front of its queue, from memory (kombu's restore reads its record).
+            message = self._delivered[delivery_tag]
+            delivery = message.delivery_info
+            with self.channel.conn_or_acquire() as client, client.pipeline() as pipe:
+                self.channel._do_restore_message(
+                    message._raw, delivery["exchange"], delivery["routing_key"], pipe, True
+                )
+                pipe.execute()
+        _memory_ack(self, delivery_tag)
+        return
     try:
         _redis_reject(self, delivery_tag, requeue=requeue)
     except REFUSED_WRITES as exc:

@@ -59,6 +59,7 @@ from kombu.serialization import prepare_accept_content
 from tasks.core.errors import BadPayload
 from tasks.core.payload import check_turn_id, registration_of
 from tasks.queue.app import app
+from tasks.queue.broker import hold_wakeups_in_memory
 from tasks.queue.context import JobContext, job_context
 from tasks.store.leases import RENEWALS_PER_TTL
 from tasks.turn import ending
@@ -248,6 +249,9 @@ class PresenceStep(bootsteps.StartStopStep):  # type: ignore[misc]
         if not ctx.settings.celery_task_logs:
             quiet_task_lines()
         skip_result_repr(parent)
+        # Its wake-ups in memory only (tasks/queue/broker.py): the pump wakes a dead worker's
+        # prefetched turns from the beats this step writes, the rest from the time indices.
+        hold_wakeups_in_memory(not ctx.settings.unacked_wakeups)
         announce_agents(ctx.settings.agents, strict=ctx.settings.strict_agents)
         slots = parent.concurrency if isinstance(parent.concurrency, int) else 0
         self.presence = Presence(ctx, parent.hostname, slots)
