@@ -216,9 +216,11 @@ local function add_frame(turn_key, frame)
 end
 
 local function clear_frames(turn_key)
-  local n = tonumber(redis.call('HGET', turn_key, F.frames) or '0')
-  for i = 1, n do redis.call('HDEL', turn_key, FP.frame .. i) end
-  redis.call('HDEL', turn_key, F.frames, F.base, F.base_frames)
+  local fields = {F.frames, F.base, F.base_frames}
+  for i = 1, tonumber(redis.call('HGET', turn_key, F.frames) or '0') do
+    fields[#fields + 1] = FP.frame .. i
+  end
+  redis.call('HDEL', turn_key, unpack(fields))
 end
 
 -- Replace a turn's progress with a whole checkpoint (a retry's, a dead letter's).
@@ -246,10 +248,11 @@ end
 -- journal:<index> for each call that started, journal:calls holding how many calls it has.
 -- journal:requests (a pause's requests, JSON) and journal:request_ids belong to it too.
 local function clear_journal(turn_key)
-  local n = tonumber(redis.call('HGET', turn_key, F.journal_calls) or '0')
-  for i = 0, n - 1 do redis.call('HDEL', turn_key, FP.journal .. i) end
-  redis.call('HDEL', turn_key, F.journal_response, F.journal_calls, F.journal_requests,
-    F.journal_request_ids)
+  local fields = {F.journal_response, F.journal_calls, F.journal_requests, F.journal_request_ids}
+  for i = 0, tonumber(redis.call('HGET', turn_key, F.journal_calls) or '0') - 1 do
+    fields[#fields + 1] = FP.journal .. i
+  end
+  redis.call('HDEL', turn_key, unpack(fields))
 end
 
 -- Append one event to a turn's stream, in the same step as the record change it reports

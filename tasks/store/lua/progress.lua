@@ -14,9 +14,13 @@ if frame then
   add_frame(K.turn, frame)
   if A.ends_iteration == '1' then clear_journal(K.turn) end
   -- Calls whose outcome only this frame holds: their events, under the iteration that ran
-  -- them (before the record moves on to the next).
-  for i = REST, #ARGV do emit_json(K.events, K.turn, now, EVENT.TOOL_FINISHED, ARGV[i]) end
+  -- them (before the record moves on to the next); then the persisted one, under the new.
+  local at = redis.call('HMGET', K.turn, F.attempt, F.iteration)
+  local attempt = at[1] or '1'
+  for i = REST, #ARGV do
+    emit_json_as(K.events, now, attempt, at[2] or '0', EVENT.TOOL_FINISHED, ARGV[i])
+  end
   redis.call('HSET', K.turn, F.iteration, A.iteration, F.updated_at_ms, now)
-  emit(K.events, K.turn, now, EVENT.ITERATION_PERSISTED, {})
+  emit_as(K.events, now, attempt, A.iteration, EVENT.ITERATION_PERSISTED, {})
 end
 return 1
