@@ -3,10 +3,11 @@ prefetched but not started, and its handover of the turns it runs when it is tol
 At start it also builds each registered agent once and logs what it got (announce_agents),
 refusing to start over an agent that does not build when AGENTJOBS_STRICT_AGENTS=1.
 
-With the Redis broker, messages a worker prefetched stay unacknowledged when its main process
-is SIGKILLed, and Redis hands them out again only after the visibility timeout (an hour).
-Each beat (a quarter of the lease) records the prefetched turns under the worker's name, with
-the server's clock; the pump wakes the turns of a worker whose beats stopped for a lease
+A worker holds the turn messages it took in memory only (tasks/queue/broker.py): when its main
+process is SIGKILLed, the ones it prefetched are gone (with kombu's unacked record, kept by
+AGENTJOBS_UNACKED_WAKEUPS=1, Redis would hand them out again only after the visibility
+timeout, an hour). Each beat (a quarter of the lease) records the prefetched turns under the
+worker's name, with the server's clock; the pump wakes the turns of a worker whose beats stopped for a lease
 lifetime, so a queued turn whose message died with its worker is woken as fast as a running
 one. A turn already running is covered by its lease; a wake-up that finds nothing to do is
 dropped by the turn record.

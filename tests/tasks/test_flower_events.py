@@ -167,10 +167,13 @@ def test_a_paused_turn_shows_retry_until_cancelled_then_revoked(
     # Then Flower shows it REVOKED, sent by the canceller, and the one behind runs to SUCCESS
     flower.wait_for(paused.id, states.REVOKED)
     revoked = [e for e in flower.events_of(paused.id) if e["type"] == "task-revoked"]
-    assert len(revoked) == 1
-    assert revoked[0]["hostname"].startswith("agentjobs-cancel@")
-    assert revoked[0]["terminated"] is False and revoked[0]["expired"] is False
-    assert "customer left" in revoked[0]["exception"] and revoked[0]["timestamp"] > 0
+    sent = [e for e in revoked if e["hostname"].startswith("agentjobs-cancel@")]
+    assert len(sent) == 1, revoked
+    # (The wake-up of the paused head sent when `last` ended may reach the worker only after
+    # the cancel, on a loaded machine: that delivery finds the turn ended and says so again.)
+    assert all(e["hostname"].startswith(("agentjobs-cancel@", "w1@")) for e in revoked), revoked
+    assert sent[0]["terminated"] is False and sent[0]["expired"] is False
+    assert "customer left" in sent[0]["exception"] and sent[0]["timestamp"] > 0
     assert behind.get(timeout=20)["turnNumber"] == 1
     flower.wait_for(behind.id, states.SUCCESS)
     # and nothing later takes the cancelled turn out of REVOKED
