@@ -7,10 +7,10 @@ A worker holds the turn messages it took in memory only (tasks/queue/broker.py):
 process is SIGKILLed, the ones it prefetched are gone (with kombu's unacked record, kept by
 AGENTJOBS_UNACKED_WAKEUPS=1, Redis would hand them out again only after the visibility
 timeout, an hour). Each beat (a quarter of the lease) records the prefetched turns under the
-worker's name, with the server's clock; the pump wakes the turns of a worker whose beats stopped for a lease
-lifetime, so a queued turn whose message died with its worker is woken as fast as a running
-one. A turn already running is covered by its lease; a wake-up that finds nothing to do is
-dropped by the turn record.
+worker's name, with the server's clock; the pump wakes the turns of a worker whose beats
+stopped for a lease lifetime, so a queued turn whose message died with its worker is woken as
+fast as a running one. A turn already running is covered by its lease; a wake-up that finds
+nothing to do is dropped by the turn record.
 
 A warm shutdown (SIGTERM, a deploy) hands the worker's turns over instead of waiting for them
 (docs/operations.md, "Deploys"). Celery alone stops consuming and then waits for every running
