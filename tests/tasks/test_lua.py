@@ -1273,3 +1273,16 @@ def test_conversations_spread_over_the_shards(client: redis.Redis) -> None:
     keys = Keys(PREFIX, SHARDS)
     slots = {key_slot(keys.for_namespace(f"_/_/c-{n}").retries.encode()) for n in range(200)}
     assert len(slots) == SHARDS
+
+
+def test_a_script_the_server_forgot_is_loaded_again(
+    records: TurnRecords, client: redis.Redis
+) -> None:
+    # Given a script the server has run (TurnRecords sends EVALSHA as a command of its own)
+    assert register(records, "t1") is Registered.CREATED
+    # When the server forgets its scripts (a restart without persistence, a failover)
+    client.script_flush()
+    # Then the next call loads the script and runs it
+    assert register(records, "t2") is Registered.CREATED
+    assert register(records, "t1") is Registered.EXISTS
+    assert client.script_exists(records.script("register").sha) == [True]
