@@ -9,9 +9,9 @@ Each runs a batch of --turns turns after a warm-up, as bench/throughput.py does:
 submitted, then every result waited for; each turn its own conversation (so no turn wakes a
 next one); no pump. The worker has the Procfile's flags (`--pool threads --loglevel INFO`) and
 --concurrency threads: 1 by default, which makes the batch's edges exact (one BRPOP took the
-first message, the last ack ends it); with more threads the BRPOP left waiting after the last
-message, and any that timed out, fall in the batch too. The per-turn figures are otherwise the
-same (--concurrency 2 to see).
+first message, the last ack ends it, or where the worker writes no ack, the last task's end);
+with more threads the BRPOP left waiting after the last message, and any that timed out, fall
+in the batch too. The per-turn figures are otherwise the same (--concurrency 2 to see).
 
 How it counts (it prints figures and asserts nothing):
 
@@ -34,10 +34,11 @@ How it counts (it prints figures and asserts nothing):
 Phases, from what each request says and, in a task thread, what came before it there since the
 task started (task_prerun): client: submit (the register script, kombu's publish: LPUSH), result
 (SUBSCRIBE, GET of the result, UNSUBSCRIBE); worker: receive (BRPOP and kombu's unacked
-bookkeeping), claim (the claim script, and what a task thread sends before it), run (the task
-thread's other scripts: progress, journal, the streamed tokens, trace; and whatever else before
-the turn ends), succeed (the script that ends the turn, Celery's result writes), ack (the
-unacked bookkeeping undone). Requests of the worker's other threads (its beat, the lease keeper,
+bookkeeping, which our worker leaves out for a turn's message: tasks/queue/broker.py), claim
+(the claim script, and what a task thread sends before it), run (the task thread's other
+scripts: progress, journal, the streamed tokens, trace; and whatever else before the turn
+ends), succeed (the script that ends the turn, Celery's result writes), ack (the unacked
+bookkeeping undone). Requests of the worker's other threads (its beat, the lease keeper,
 kombu's binding and restore timers) and of opening a connection (HELLO, CLIENT SETINFO) are
 listed as background, over the batch, not per turn.
 
@@ -164,12 +165,14 @@ def _log_to_file(path: str) -> None:
 
 
 MARK_TASK = "#task"  # a pseudo request: a task starts in this thread (task_prerun)
+MARK_DONE = "#done"  # ... and ends (task_postrun)
+MARKS = (MARK_TASK, MARK_DONE)
 
 
 def _counted_worker() -> None:
     path = os.environ.get(ENV_VAR)
     if path and not _installed:
-        from celery.signals import task_prerun
+        from celery.signals import task_postrun, task_prerun
 
         install_counter()
         _log_to_file(path)
@@ -177,7 +180,11 @@ def _counted_worker() -> None:
         def task_starts(**_: Any) -> None:
             LOG.add((time.time(), threading.current_thread().name, 0, 0, [[MARK_TASK]]))
 
+        def task_ends(**_: Any) -> None:
+            LOG.add((time.time(), threading.current_thread().name, 0, 0, [[MARK_DONE]]))
+
         task_prerun.connect(task_starts, weak=False)
+        task_postrun.connect(task_ends, weak=False)
 
 
 def __getattr__(name: str) -> Any:
@@ -244,6 +251,16 @@ def acks(sends: Iterable[Send]) -> list[float]:
     return [s[0] for s in sends if _unacked(s[4], "ZREM")]
 
 
+def task_ends(sends: list[Send], after: float) -> list[float]:
+    """When the worker was done with each task since `after`: its ack, where the worker writes
+    one (kombu's unacked record undone); else the task's end (a turn's message, held in the
+    worker's memory only, is acknowledged there)."""
+    acked = [t for t in acks(sends) if t >= after]
+    if acked:
+        return acked
+    return [s[0] for s in sends if s[4] and s[4][0][0] == MARK_DONE and s[0] >= after]
+
+
 class Classifier:
     """The phase of each request; a task thread's by the scripts it sent before."""
 
@@ -269,6 +286,8 @@ class Classifier:
         if names[0] == MARK_TASK:
             self.thread_phase[thread] = "claim"
             return MARK_TASK
+        if names[0] == MARK_DONE:
+            return MARK_DONE
         if not thread.startswith("ThreadPoolExecutor"):
             return BACKGROUND
         now = self.thread_phase.get(thread, "claim")
@@ -378,7 +397,7 @@ def wait_for_acks(path: Path, count: int, after: float, timeout_s: float = 60) -
     deadline = time.monotonic() + timeout_s
     while True:
         sends = read_log(path)
-        if len([t for t in acks(sends) if t >= after]) >= count or time.monotonic() > deadline:
+        if len(task_ends(sends, after)) >= count or time.monotonic() > deadline:
             return sends
         time.sleep(0.05)
 
@@ -409,7 +428,7 @@ def run_batch(
     # before t0) to the batch's last ack.
     brpops = [s[0] for s in sends if s[4] and s[4][0][0] == "BRPOP" and s[0] <= t0]
     start = max(brpops, default=t0)
-    end = sorted(t for t in acks(sends) if t >= t0)[turns - 1]
+    end = sorted(task_ends(sends, t0))[turns - 1]
     worker = [s for s in sends if start <= s[0] <= end]
     return Batch(
         title,
@@ -475,7 +494,9 @@ def report(batch: Batch, lines: list[dict[str, Any]], scripts: dict[str, str], s
     for process, sends in ((CLIENT, batch.client), (WORKER, batch.worker)):
         for send in sends:
             phase = classifier.phase(process, send)
-            if phase == MARK_TASK:
+            if phase == MARK_DONE:
+                order[process].append((phase, send, []))
+            if phase in MARKS:
                 continue
             labels = [label(c, scripts) for c in send[4]]
             inner: dict[str, float] = defaultdict(float)
@@ -539,7 +560,12 @@ def show_sequence(batch: Batch, order: dict[str, list[tuple[str, Send, list[str]
         (i for i in range(claimed + 1) if worker[i][2] == ["BRPOP"]),
         default=0,
     )
+    acked = any(phase == "ack" for phase, _, _ in worker)
     for phase, send, labels in worker[first:]:
+        if phase == MARK_DONE:
+            if acked:
+                continue
+            break  # no ack follows: the worker holds its turns' messages in memory only
         print(f"    worker  {phase:8} {' '.join(labels)}    ({send[1]})")
         if phase == "ack":
             break
@@ -553,7 +579,7 @@ def check(lines: list[dict[str, Any]], processes: dict[str, list[Send]], skipped
             by_port[int(line["client_port"])][line["command"].split(" ", 1)[0].upper()] += 1
     shown = []
     for name, sends in processes.items():
-        wrapped = Counter(c[0] for s in sends for c in s[4] if c[0] != MARK_TASK)
+        wrapped = Counter(c[0] for s in sends for c in s[4] if c[0] not in MARKS)
         seen: Counter[str] = Counter()
         for port in {s[2] for s in sends} - skipped:
             seen.update(by_port.get(port, Counter()))
