@@ -215,8 +215,8 @@ local function add_frame(turn_key, frame)
   redis.call('HSET', turn_key, FP.frame .. n, frame)
 end
 
-local function clear_frames(turn_key)
-  local fields = {F.frames, F.base, F.base_frames}
+local function clear_frames(turn_key, ...)
+  local fields = {F.frames, F.base, F.base_frames, ...}
   for i = 1, tonumber(redis.call('HGET', turn_key, F.frames) or '0') do
     fields[#fields + 1] = FP.frame .. i
   end
@@ -247,8 +247,9 @@ end
 -- The journal of the iteration in flight (tasks/store/journal.py): journal:response and
 -- journal:<index> for each call that started, journal:calls holding how many calls it has.
 -- journal:requests (a pause's requests, JSON) and journal:request_ids belong to it too.
-local function clear_journal(turn_key)
-  local fields = {F.journal_response, F.journal_calls, F.journal_requests, F.journal_request_ids}
+local function clear_journal(turn_key, ...)
+  local fields = {F.journal_response, F.journal_calls, F.journal_requests, F.journal_request_ids,
+    ...}
   for i = 0, tonumber(redis.call('HGET', turn_key, F.journal_calls) or '0') - 1 do
     fields[#fields + 1] = FP.journal .. i
   end
@@ -293,11 +294,10 @@ local function end_turn(k, turn_prefix, turn_id, state, now, fields, event_type,
   if state == STATE.DEAD_LETTERED then
     count(k.turn, COUNTER.DEAD_LETTERED .. (redis.call('HGET', k.turn, F.reason) or ''))
   end
-  clear_journal(k.turn)
+  clear_journal(k.turn, F.token)
   gate_release_of(k.turn, turn_id)
   keep_base(k.turn, k.conversation, k.conversation_frames)
   emit(k.events, k.turn, now, event_type, event_data)
-  redis.call('HDEL', k.turn, F.token)
   if held or lease_holder(k.lease) == turn_id then redis.call('DEL', k.lease) end
   redis.call('ZREM', k.running, turn_id)
   redis.call('ZREM', k.retries, turn_id)

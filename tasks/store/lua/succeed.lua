@@ -22,8 +22,7 @@ if A.envelope ~= '' then
 else
   redis.call('RPUSH', K.conversation_frames, A.frame)
 end
-clear_frames(K.turn)
-redis.call('HDEL', K.turn, F.checkpoint)
+clear_frames(K.turn, F.checkpoint)
 local content = cjson.decode(A.result)['content']
 local now = now_ms()
 if A.usage then add_usage(K.turn, A.usage, now) end
