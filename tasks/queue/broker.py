@@ -38,7 +38,7 @@ timeout (an hour). For a message stamped with the state store's epoch (its turn 
 before it was published: tasks/turn/ending.py, publish_turn and wake) that record repeats what
 the turn record already guarantees: a turn stays in a time index of its shard (pending, retries,
 running) until a claim takes it, and the pump wakes it from there when no worker did
-(docs/operations.md, "Messages are wake-ups"), sooner than the visibility timeout would. Such a
+(docs/platform.md, "The hot path"), sooner than the visibility timeout would. Such a
 delivery is counted in the worker's memory only (the prefetch limit still holds), its ack
 writes nothing, and a requeueing reject pushes it back from memory: two round trips and six
 Redis commands fewer per delivery. A message without the stamp (sent around run_turn.delay,
@@ -166,7 +166,8 @@ def _reject(self: Any, delivery_tag: Any, requeue: bool = False) -> None:
     if delivery_tag in untracked:
         untracked.discard(delivery_tag)
         if requeue:
-            # Back to the front of its queue, from memory (kombu's restore reads its record).
+            # Back on its queue where kombu's own reject puts it (LPUSH: behind the messages
+            # waiting), from memory, since kombu's restore reads the record it has none of.
             message = self._delivered[delivery_tag]
             delivery = message.delivery_info
             with self.channel.conn_or_acquire() as client, client.pipeline() as pipe:

@@ -330,10 +330,10 @@ def _source(name: str) -> str:
 
 
 class LuaScript:
-    """A script of tasks/store/lua/ for one client: EVALSHA sent as a command of its own, the
-    script loaded when the server does not know it (a restart, a failover), as redis-py's
-    Script does; its call checks the client against a Protocol first, about 5 us on each of a
-    turn's three to five scripts."""
+    """A script of tasks/store/lua/ for one client: EVALSHA sent as a command of its own, and
+    the script loaded when the server does not know it (a restart, a failover). redis-py's
+    Script does the same after checking its client against a Protocol, about 5 us on each of
+    a turn's three to five scripts."""
 
     def __init__(self, client: StateClient, source: str) -> None:
         self._client = client
