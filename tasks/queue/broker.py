@@ -40,9 +40,9 @@ the turn record already guarantees: a turn stays in a time index of its shard (p
 running) until a claim takes it, and the pump wakes it from there when no worker did
 (docs/platform.md, "The hot path"), sooner than the visibility timeout would. Such a
 delivery is counted in the worker's memory only (the prefetch limit still holds), its ack
-writes nothing, and a requeueing reject pushes it back from memory: two round trips and six
-Redis commands fewer per delivery. A message without the stamp (sent around run_turn.delay,
-its turn not yet recorded) keeps kombu's record.
+writes nothing, and a requeueing reject pushes it back from memory: two round trips and eight
+Redis commands (two MULTI blocks) fewer per delivery. A message without the stamp (sent
+around run_turn.delay, its turn not yet recorded) keeps kombu's record.
 """
 
 from __future__ import annotations
