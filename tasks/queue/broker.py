@@ -119,22 +119,15 @@ def hold_wakeups_in_memory(on: bool) -> None:
     WAKEUPS.in_memory = on
 
 
-def _untracked(qos: Any) -> set[Any]:
-    """The delivery tags `qos` holds in memory only (one set per channel's QoS)."""
-    tags: set[Any] | None = qos.__dict__.get("_agentjobs_untracked")
-    if tags is None:
-        tags = qos.__dict__["_agentjobs_untracked"] = set()
-    return tags
-
-
-def _is_wakeup(message: Any) -> bool:
+def _held_in_memory(message: Any) -> bool:
+    """Whether this delivery is kept in the worker's memory only: a stamped wake-up, in a
+    process that holds them so. Asked again at its ack or reject, of the delivered message."""
     headers = getattr(message, "headers", None)
-    return isinstance(headers, dict) and STAMP_HEADER in headers
+    return WAKEUPS.in_memory and isinstance(headers, dict) and STAMP_HEADER in headers
 
 
 def _append(self: Any, message: Any, delivery_tag: Any) -> None:
-    if WAKEUPS.in_memory and _is_wakeup(message):
-        _untracked(self).add(delivery_tag)
+    if _held_in_memory(message):
         _memory_append(self, message, delivery_tag)
         return
     try:
@@ -148,9 +141,7 @@ def _append(self: Any, message: Any, delivery_tag: Any) -> None:
 
 
 def _ack(self: Any, delivery_tag: Any) -> None:
-    untracked = _untracked(self)
-    if delivery_tag in untracked:
-        untracked.discard(delivery_tag)
+    if _held_in_memory(self._delivered.get(delivery_tag)):
         _memory_ack(self, delivery_tag)
         return
     try:
@@ -162,13 +153,11 @@ def _ack(self: Any, delivery_tag: Any) -> None:
 
 
 def _reject(self: Any, delivery_tag: Any, requeue: bool = False) -> None:
-    untracked = _untracked(self)
-    if delivery_tag in untracked:
-        untracked.discard(delivery_tag)
+    message = self._delivered.get(delivery_tag)
+    if _held_in_memory(message):
         if requeue:
             # Back on its queue where kombu's own reject puts it (LPUSH: behind the messages
             # waiting), from memory, since kombu's restore reads the record it has none of.
-            message = self._delivered[delivery_tag]
             delivery = message.delivery_info
             with self.channel.conn_or_acquire() as client, client.pipeline() as pipe:
                 self.channel._do_restore_message(
