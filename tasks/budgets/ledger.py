@@ -24,11 +24,9 @@ from enum import StrEnum
 from importlib import resources
 from typing import Any
 
-from redis.commands.core import Script
-
 from tasks.core.keys import Keys, LedgerKeys
 from tasks.core.limits import Budget, Limit, LimitKind, TokenCap, duration_text
-from tasks.store.client import StateClient
+from tasks.store.client import LuaScript, StateClient
 
 # A reservation never settled (its worker died during the call) counts as spent from this long
 # after it was made: longer than any model call a worker waits for (provider timeouts).
@@ -90,14 +88,14 @@ class Ledger:
     def __init__(self, client: StateClient, keys: Keys) -> None:
         self._redis = client
         self._keys = keys
-        self._scripts: dict[str, Script] = {}
+        self._scripts: dict[str, LuaScript] = {}
 
-    def _script(self, name: str) -> Script:
+    def _script(self, name: str) -> LuaScript:
         found = self._scripts.get(name)
         if found is None:
             lua = resources.files("tasks.budgets") / "lua"
             source = (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
-            found = self._scripts[name] = self._redis.register_script(source)
+            found = self._scripts[name] = LuaScript(self._redis, source)
         return found
 
     def reserve(

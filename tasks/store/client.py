@@ -22,17 +22,19 @@ publish time). Then:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import orjson
 import redis
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import NoScriptError
 from redis.sentinel import Sentinel
 
 from tasks.core.state_url import StateTarget
@@ -226,3 +228,25 @@ def lost_state(stamp: Mapping[str, Any] | None, epoch: str, *, record_ttl_s: int
             "(kept at least AGENTJOBS_RECORD_TTL_S) is gone: writes were lost (a failover?)"
         )
     return ""
+
+
+class LuaScript:
+    """A Lua script for one client (tasks/store/lua/, tasks/budgets/lua/): EVALSHA sent as a
+    command of its own, and the script loaded when the server does not know it (a restart, a
+    failover). redis-py's Script does the same after checking its client against a Protocol,
+    about 5 us on each of a turn's three to five scripts."""
+
+    def __init__(self, client: StateClient, source: str) -> None:
+        self._client = client
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __call__(
+        self, keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None
+    ) -> Any:
+        target = self._client if client is None else client
+        try:
+            return target.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            target.script_load(self.source)
+            return target.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)

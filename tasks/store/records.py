@@ -45,7 +45,6 @@ the next head as woken.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -57,7 +56,7 @@ import orjson
 import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from agent import AgentRunCheckpoint
 from tasks.core import schema
@@ -69,7 +68,7 @@ from tasks.core.schema import REGISTERED, Field, FieldPrefix, Outcome, ScriptSch
 from tasks.core.schema import ClaimStatus as ClaimStatus
 from tasks.core.schema import Registered as Registered
 from tasks.core.schema import TurnState as TurnState
-from tasks.store.client import StateClient
+from tasks.store.client import LuaScript, StateClient
 from tasks.store.progress import Frame, progress_checkpoint
 
 logger = logging.getLogger("agentjobs.records")
@@ -327,28 +326,6 @@ def _source(name: str) -> str:
     body = (lua / f"{name}.lua").read_text()
     code = schema.lua_common((lua / "common.lua").read_text(), body) + "\n" + body
     return schema.lua_prelude(schema.SCRIPTS[name], code) + code
-
-
-class LuaScript:
-    """A script of tasks/store/lua/ for one client: EVALSHA sent as a command of its own, and
-    the script loaded when the server does not know it (a restart, a failover). redis-py's
-    Script does the same after checking its client against a Protocol, about 5 us on each of
-    a turn's three to five scripts."""
-
-    def __init__(self, client: StateClient, source: str) -> None:
-        self._client = client
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    def __call__(
-        self, keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None
-    ) -> Any:
-        target = self._client if client is None else client
-        try:
-            return target.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            target.script_load(self.source)
-            return target.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 class TurnRecords:
