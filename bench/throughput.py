@@ -12,20 +12,22 @@ own. All three run for the whole run, each side idle while the other is measured
 ratio comes from its two measurements back to back, the side that goes first alternating by
 round: this machine's speed drifts by 20-40% over a minute, and a ratio of two measurements
 half a minute apart carried that drift. The ratios reported are the medians of the rounds.
-Each line gives the CPU each process spent per task (the client is this process): on 2 cores
-their total predicts the rate. Goals: b/a >= 0.9, f/e >= 0.8, c/d >= 0.95; --strict exits 1
-when one is missed.
+Each line gives the CPU each process spent per task (the client: a process of its own for each
+measurement, see `measure`): on 2 cores their total predicts the rate. Goals: b/a >= 0.9,
+f/e >= 0.8, c/d >= 0.95; --strict exits 1 when one is missed.
 
     .venv/bin/python bench/throughput.py [--rounds 5] [--turns 1000] [--concurrency N] [--strict]
-                                         [--fairness]
+                                         [--fairness] [--pairs b/a f/e c/d]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +48,8 @@ AGENTS = {
 }
 GOALS = {"b/a": 0.9, "f/e": 0.8, "c/d": 0.95}
 WARM_UP = 200
+# Tasks each measurement's client runs before the clock starts (connections, first calls).
+CLIENT_WARM_UP = 20
 CONVERSATIONS = itertools.count()
 
 
@@ -60,18 +64,38 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def measure(label: str, submit: Callable[[int], Any], count: int) -> float:
-    """The rate of `count` tasks submitted at once and waited for, with each process's CPU
-    per task (client: this process) in ms: on 2 cores the total predicts the rate."""
-    watched = {"client": os.getpid(), **WATCHED}
-    before = {name: cpu_s(pid) for name, pid in watched.items()}
-    started = time.perf_counter()
-    results = [submit(i) for i in range(count)]
-    for result in results:
-        result.get(timeout=300)
-    elapsed = time.perf_counter() - started
+def measure(label: str, letter: str, count: int, slow: int) -> float:
+    """The rate of `count` tasks of measurement `letter` submitted at once and waited for, with
+    each process's CPU per task in ms: on 2 cores the total predicts the rate.
+
+    The client is a process of its own for each measurement (`--client`), started and warmed
+    up before the clock starts: a client that lives through the whole run carries one
+    measurement's leftovers into the next. After a batch of instant tasks, Celery's result
+    consumer still has hundreds of unsubscribe confirmations unread on its pubsub connection
+    (and buffers the result messages of tasks it had already read by GET), and the next batch
+    of the same app reads through them: measured on 2026-12-06, the tool round after an
+    instant batch ran 10-15% slower in the same process, and not at all in a fresh one."""
+    global MEASUREMENTS
+    MEASUREMENTS += 1
+    command = [sys.executable, str(Path(__file__).resolve()), "--client", letter]
+    command += ["--count", str(count), "--slow", str(slow), "--tag", str(MEASUREMENTS)]
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        if child.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the client for ({letter}) did not start")
+        before = {name: cpu_s(pid) for name, pid in WATCHED.items()}
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        reported = json.loads(child.stdout.readline())
+        per_task = {"client": reported["cpu_s"] * 1000 / count}
+        per_task |= {
+            name: (cpu_s(pid) - before[name]) * 1000 / count for name, pid in WATCHED.items()
+        }
+    finally:
+        child.wait(timeout=60)
+    elapsed = reported["elapsed_s"]
     rate = count / elapsed
-    per_task = {name: (cpu_s(pid) - before[name]) * 1000 / count for name, pid in watched.items()}
     cpu = " ".join(f"{name} {ms:.2f}" for name, ms in per_task.items())
     total = sum(per_task.values())
     print(
@@ -83,6 +107,26 @@ def measure(label: str, submit: Callable[[int], Any], count: int) -> float:
     return rate
 
 
+def run_client(letter: str, count: int, slow: int, tag: str) -> None:
+    """One measurement's client (`--client`): warm up, say ready, wait for go, submit `count`
+    tasks at once, wait for all of them and report the time and this process's CPU."""
+    _, submit, _ = cases(slow, tag)[letter]
+    for result in [submit(i) for i in range(CLIENT_WARM_UP)]:
+        result.get(timeout=300)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    cpu_before = time.process_time()
+    started = time.perf_counter()
+    results = [submit(i) for i in range(count)]
+    for result in results:
+        result.get(timeout=300)
+    elapsed = time.perf_counter() - started
+    report = {"elapsed_s": elapsed, "cpu_s": time.process_time() - cpu_before}
+    print(json.dumps(report), flush=True)
+
+
+# Measurements started so far: each client's conversations are its own.
+MEASUREMENTS = 0
 # The last measurement's total CPU per task, in ms, by label.
 CPU_MS: dict[str, float] = {}
 
@@ -102,16 +146,16 @@ def start_sides(env: dict[str, str], logs: Path, concurrency: int) -> list[Proce
     return processes
 
 
-def cases(slow: int) -> dict[str, tuple[str, Callable[[int], Any], int | None]]:
+def cases(slow: int, tag: str = "") -> dict[str, tuple[str, Callable[[int], Any], int | None]]:
     """Each measurement by its letter: its label, how one task is submitted, and how many
-    (None: --turns)."""
+    (None: --turns). `tag` keeps one client's conversations apart from another's."""
     from bench.celery_noop import agent_in_memory, noop, sleep
     from tasks import run_turn
 
     def turn(agent: str) -> Callable[[int], Any]:
         # A conversation of its own per turn, over the whole run: no turn waits behind another.
         return lambda i: run_turn.delay(
-            agent=agent, conversation_id=f"{agent}-{next(CONVERSATIONS)}", message="hi"
+            agent=agent, conversation_id=f"{agent}-{tag}-{next(CONVERSATIONS)}", message="hi"
         )
 
     slow_ms = f"{PROVIDER_SLEEP_S * 1000:.0f} ms"
@@ -141,16 +185,31 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="each pair, this many times")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
     parser.add_argument(
+        "--pairs",
+        nargs="+",
+        choices=list(GOALS),
+        default=list(GOALS),
+        help="measure only these pairs (default: all three), for a quicker A/B of one change",
+    )
+    parser.add_argument(
         "--fairness",
         action="store_true",
         help="our side with the tenant fairness gate on (AGENTJOBS_TENANT_FAIRNESS=1; off by "
         "default), to measure what it costs",
     )
+    parser.add_argument("--client", help=argparse.SUPPRESS)  # one measurement's client
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--slow", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tag", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.client:
+        run_client(args.client, args.count, args.slow, args.tag)
+        return 0
     # Enough 200 ms tasks to keep every thread busy for several seconds.
     slow = max(args.concurrency * 25, 100)
-    ratios: dict[str, list[float]] = {name: [] for name in GOALS}
-    cpu_ratios: dict[str, list[float]] = {name: [] for name in GOALS}
+    goals = {name: GOALS[name] for name in args.pairs}
+    ratios: dict[str, list[float]] = {name: [] for name in goals}
+    cpu_ratios: dict[str, list[float]] = {name: [] for name in goals}
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis").start()
         assert server.process is not None
@@ -158,26 +217,27 @@ def main() -> int:
         logs = Path(tmp) / "logs"
         env = job_env(server.url, AGENTS)
         env["AGENTJOBS_TENANT_FAIRNESS"] = "1" if args.fairness else "0"
-        # This process is the client of both apps.
+        # Each measurement's client (a process of its own) is a client of both apps.
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AGENTJOBS_", "REDIS"))})
         print(f"threads pool, concurrency {args.concurrency}, loglevel INFO; {args.rounds} rounds")
         processes = start_sides(env, logs, args.concurrency)
         try:
             measured = cases(slow)
-            for warm in ("a", "b", "e", "f"):
-                label, submit, _ = measured[warm]
-                measure(f"warm-up {label}", submit, WARM_UP)
+            measured_letters = {letter for name in goals for letter in name.split("/")}
+            for warm in sorted(measured_letters & {"a", "b", "e", "f"}):
+                label, _, _ = measured[warm]
+                measure(f"warm-up {label}", warm, WARM_UP, slow)
             for round_number in range(1, args.rounds + 1):
                 print(f"round {round_number}")
-                for name in GOALS:
+                for name in goals:
                     top, bottom = name.split("/")
                     # Each pair back to back, the side that goes first alternating by round:
                     # the machine's drift between the two stays small and cancels out.
                     pair = (bottom, top) if round_number % 2 else (top, bottom)
                     rates = {}
                     for letter in pair:
-                        label, submit, count = measured[letter]
-                        rates[letter] = measure(label, submit, count or args.turns)
+                        label, _, count = measured[letter]
+                        rates[letter] = measure(label, letter, count or args.turns, slow)
                     ratios[name].append(rates[top] / rates[bottom])
                     # The steadier figure: bare CPU per task over ours (all processes).
                     cpu_ratios[name].append(CPU_MS[measured[bottom][0]] / CPU_MS[measured[top][0]])
@@ -192,7 +252,7 @@ def main() -> int:
             server.stop()
     print()
     met = []
-    for name, goal in GOALS.items():
+    for name, goal in goals.items():
         values = ratios[name]
         median = statistics.median(values)
         met.append(median >= goal)
