@@ -71,7 +71,7 @@ def measure(label: str, letter: str, count: int, slow: int) -> float:
     The client is a process of its own for each measurement (`--client`), started and warmed
     up before the clock starts: a client that lives through the whole run carries one
     measurement's leftovers into the next. After a batch of instant tasks, Celery's result
-    consumer still has hundreds of unsubscribe confirmations unread on its pubsub connection
+    consumer still has about a thousand unsubscribe confirmations unread on its pubsub connection
     (and buffers the result messages of tasks it had already read by GET), and the next batch
     of the same app reads through them: measured on 2026-12-06, the tool round after an
     instant batch ran 10-15% slower in the same process, and not at all in a fresh one."""
@@ -83,15 +83,21 @@ def measure(label: str, letter: str, count: int, slow: int) -> float:
     assert child.stdin is not None and child.stdout is not None
     try:
         if child.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"the client for ({letter}) did not start")
+            raise RuntimeError(f"the client for ({letter}) stopped before it was ready")
         before = {name: cpu_s(pid) for name, pid in WATCHED.items()}
         child.stdin.write("go\n")
         child.stdin.flush()
-        reported = json.loads(child.stdout.readline())
+        line = child.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the client for ({letter}) stopped before it reported")
+        reported = json.loads(line)
         per_task = {"client": reported["cpu_s"] * 1000 / count}
         per_task |= {
             name: (cpu_s(pid) - before[name]) * 1000 / count for name, pid in WATCHED.items()
         }
+    except BaseException:
+        child.kill()
+        raise
     finally:
         child.wait(timeout=60)
     elapsed = reported["elapsed_s"]
